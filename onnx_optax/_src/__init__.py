@@ -1,0 +1,1 @@
+"""Implementation modules of onnx_optax; import the public names from ``onnx_optax``."""

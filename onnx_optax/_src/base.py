@@ -1,0 +1,487 @@
+"""Shared plumbing for the three ONNX training operators.
+
+Each operator module (``adagrad.py``, ``adam.py``, ``momentum.py``) holds its
+formula once. This module holds what they share: checking hyperparameters and
+inputs so that bad input fails with a clear Python error at trace time, the
+dtype policy, the update counter, and the leaf-by-leaf application of a formula
+to a pytree for the optax transformations.
+
+Dtype policy (the same for the ops and the transforms):
+
+* Every formula runs in its *compute dtype*: the widest of float32 and the dtypes
+  of the tensors it reads. For the ONNX types (float32, float64) that is the
+  tensor dtype itself, so ONNX semantics are kept exactly; bfloat16 and float16
+  tensors are computed in float32 and rounded once when stored (optax rounds
+  every intermediate, and ``0.999`` is ``1.0`` in bfloat16).
+* Attributes are cast to the compute dtype before use, so ``1 - alpha`` is
+  evaluated in tensor precision, as an ONNX runtime does with its float32
+  attributes.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Array = jax.Array
+PyTree = Any
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+# --------------------------------------------------------------------------
+# Scalars and hyperparameters
+# --------------------------------------------------------------------------
+
+
+def is_traced(value: Any) -> bool:
+    """Whether ``value`` is a JAX tracer (its value is unknown at trace time)."""
+    return isinstance(value, jax.core.Tracer)
+
+
+def static_number(value: Any) -> float | None:
+    """The value of a real scalar known at trace time, or ``None`` if traced.
+
+    Raises ``TypeError`` for anything that is not a real scalar.
+    """
+    if is_traced(value):
+        return None
+    if isinstance(value, bool | np.bool_):
+        raise TypeError("a boolean is not a number here")
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, jax.Array | np.ndarray | np.generic):
+        if np.ndim(value) != 0:
+            raise TypeError(f"expected a scalar, got an array of shape {np.shape(value)}")
+        dtype = np.dtype(value.dtype)
+        if dtype == np.bool_ or not (
+            np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)
+        ):
+            raise TypeError(f"expected a real scalar, got dtype {dtype}")
+        return float(np.asarray(value))
+    raise TypeError(f"expected a real number, got {type(value).__name__}")
+
+
+def check_hyperparameter(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> None:
+    """Checks a real, finite scalar hyperparameter and its range.
+
+    Traced values (e.g. under ``optax.inject_hyperparams`` inside ``jax.jit``)
+    can only be checked for shape; their value is data.
+    """
+    if is_traced(value):
+        if np.ndim(value) != 0:
+            raise ValueError(f"{where}: {name} must be a scalar, got shape {np.shape(value)}")
+        return
+    try:
+        number = static_number(value)
+    except TypeError as error:
+        raise TypeError(f"{where}: {name} must be a real number: {error}") from None
+    assert number is not None
+    if not math.isfinite(number):
+        raise ValueError(f"{where}: {name} must be finite, got {number}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{where}: {name} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{where}: {name} must be <= {maximum}, got {number}")
+
+
+def is_static_zero(value: Any) -> bool:
+    """True when ``value`` is known at trace time to be exactly zero."""
+    return not is_traced(value) and static_number(value) == 0.0
+
+
+def check_learning_rate(where: str, learning_rate: Any) -> None:
+    """A learning rate is a real scalar or a schedule ``count -> scalar``."""
+    if callable(learning_rate):
+        return
+    check_hyperparameter(where, "learning_rate", learning_rate)
+
+
+Schedule = Callable[[Array], Any]
+
+
+def split_learning_rate(learning_rate: optax.ScalarOrSchedule) -> tuple[Schedule | None, Any]:
+    """``(schedule, None)`` for a schedule, ``(None, value)`` for a number.
+
+    The schedule becomes a static argument of the compiled update (it is code);
+    a number is traced, so changing it recompiles nothing.
+    """
+    if callable(learning_rate):
+        return learning_rate, None
+    return None, learning_rate
+
+
+def learning_rate_at(schedule: Schedule | None, rate: Any, count: Array) -> Any:
+    """The learning rate R used at update count ``count``."""
+    if schedule is None:
+        return rate
+    value = schedule(count)
+    if np.ndim(value) != 0:
+        raise ValueError(
+            f"the learning-rate schedule returned shape {np.shape(value)}; it must return a scalar"
+        )
+    return value
+
+
+def check_initial_count(where: str, initial_count: Any) -> None:
+    """The first T must be an integer in [0, 2**31 - 1] (the count is int32)."""
+    if is_traced(initial_count):
+        return
+    dtype = getattr(initial_count, "dtype", None)
+    is_integer = (
+        isinstance(initial_count, numbers.Integral) and not isinstance(initial_count, bool)
+    ) or (
+        dtype is not None
+        and np.ndim(initial_count) == 0
+        and np.issubdtype(np.dtype(dtype), np.integer)
+    )
+    if not is_integer:
+        raise TypeError(
+            f"{where}: initial_count must be an integer (the T of the first update), "
+            f"got {initial_count!r}"
+        )
+    value = int(np.asarray(initial_count))
+    if not 0 <= value <= INT32_MAX:
+        raise ValueError(f"{where}: initial_count must be in [0, {INT32_MAX}], got {value}")
+
+
+def initial_count_array(initial_count: Any) -> Array:
+    """The int32 update counter holding the T of the next update."""
+    return jnp.asarray(initial_count).astype(jnp.int32)
+
+
+def check_accumulator_dtype(where: str, accumulator_dtype: Any) -> jnp.dtype | None:
+    """``None`` (the parameters' dtype) or a floating dtype for the state."""
+    if accumulator_dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(accumulator_dtype)
+    except TypeError:
+        raise TypeError(
+            f"{where}: accumulator_dtype must be a floating dtype or None, "
+            f"got {accumulator_dtype!r}"
+        ) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{where}: accumulator_dtype must be a floating dtype, got {dtype}")
+    return dtype
+
+
+def compute_dtype(*dtypes: Any) -> jnp.dtype:
+    """The widest of float32 and ``dtypes``: the dtype a formula runs in.
+
+    float64 if any of ``dtypes`` is float64, else float32 (bfloat16, float16
+    and narrower floats are computed in float32).
+    """
+    if any(jnp.dtype(dtype) == jnp.float64 for dtype in dtypes):
+        return jnp.dtype(jnp.float64)
+    return jnp.dtype(jnp.float32)
+
+
+def as_dtype(value: Any, dtype: Any) -> Array:
+    """``value`` (a Python number or an array) as an array of ``dtype``."""
+    return jnp.asarray(value).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# The functional ops: ONNX inputs R, T, X.., G.., (V..), (H..)
+# --------------------------------------------------------------------------
+
+
+def check_attributes(where: str, **attributes: float) -> dict[str, float]:
+    """ONNX attributes are constants: they must be known real finite numbers."""
+    values: dict[str, float] = {}
+    for name, value in attributes.items():
+        if is_traced(value):
+            raise TypeError(
+                f"{where}: attribute {name} must be a constant (ONNX attributes are not "
+                "tensors); for traced hyperparameters use the optax transformation with "
+                "optax.inject_hyperparams"
+            )
+        check_hyperparameter(where, f"attribute {name}", value)
+        number = static_number(value)
+        assert number is not None
+        values[name] = number
+    return values
+
+
+def _tensor_name(group: str, index: int, count: int) -> str:
+    return group if count == 1 else f"{group}_{index + 1}"
+
+
+def as_tensor(where: str, name: str, value: Any) -> Array:
+    """An input tensor as a JAX array, with a clear error if it is not one."""
+    if isinstance(value, jax.Array):
+        return value
+    if isinstance(value, str | bytes) or value is None:
+        raise TypeError(f"{where}: input {name} must be a tensor, got {type(value).__name__}")
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"{where}: input {name} must be a tensor, got {type(value).__name__} ({error})"
+        ) from None
+
+
+def split_variadic(
+    where: str, inputs: Sequence[Any], groups: Sequence[str]
+) -> tuple[list[list[Array]], jnp.dtype]:
+    """Splits ONNX variadic inputs ``[X_1..X_n, G_1..G_n, ...]`` and checks them.
+
+    Returns one list per group and the tensors' common dtype.
+    """
+    k = len(groups)
+    if len(inputs) == 0 or len(inputs) % k:
+        raise TypeError(
+            f"{where}: after R and T the op takes {k}*n tensors "
+            f"({', '.join(g + '_1..' + g + '_n' for g in groups)}) for n >= 1 optimized "
+            f"tensors; got {len(inputs)} tensor(s)"
+        )
+    n = len(inputs) // k
+    split: list[list[Array]] = []
+    for j, group in enumerate(groups):
+        split.append(
+            [as_tensor(where, _tensor_name(group, i, n), inputs[j * n + i]) for i in range(n)]
+        )
+    dtype = None
+    for j, group in enumerate(groups):
+        for i, tensor in enumerate(split[j]):
+            name = _tensor_name(group, i, n)
+            if not jnp.issubdtype(tensor.dtype, jnp.floating):
+                raise TypeError(
+                    f"{where}: input {name} has dtype {tensor.dtype}; the optimized tensors "
+                    "and their gradients and accumulators must be floating point "
+                    "(ONNX T3: float or double)"
+                )
+            if dtype is None:
+                dtype = tensor.dtype
+            elif tensor.dtype != dtype:
+                raise TypeError(
+                    f"{where}: input {name} has dtype {tensor.dtype} but "
+                    f"{_tensor_name(groups[0], 0, n)} has {dtype}; all tensors of the op "
+                    "share one type (ONNX T3)"
+                )
+    for i in range(n):
+        shape = split[0][i].shape
+        for j in range(1, k):
+            if split[j][i].shape != shape:
+                raise ValueError(
+                    f"{where}: input {_tensor_name(groups[j], i, n)} has shape "
+                    f"{split[j][i].shape} but {_tensor_name(groups[0], i, n)} has shape "
+                    f"{shape}; each tensor's {', '.join(groups)} must have the same shape"
+                )
+    assert dtype is not None
+    return split, jnp.dtype(dtype)
+
+
+def check_learning_rate_input(where: str, R: Any) -> Array:
+    """R: a floating-point scalar (ONNX T1: float or double)."""
+    if isinstance(R, bool | np.bool_):
+        raise TypeError(f"{where}: input R must be a floating-point scalar, got bool")
+    if isinstance(R, numbers.Real) and not isinstance(R, np.generic):
+        return jnp.asarray(float(R))
+    r = as_tensor(where, "R", R)
+    if r.ndim != 0:
+        raise ValueError(f"{where}: input R must be a scalar (shape ()), got shape {r.shape}")
+    if not jnp.issubdtype(r.dtype, jnp.floating):
+        raise TypeError(
+            f"{where}: input R must be a floating-point scalar (ONNX T1: float or double), "
+            f"got dtype {r.dtype}"
+        )
+    return r
+
+
+def check_count_input(where: str, T: Any) -> Array:
+    """T: an integer scalar (ONNX T2: int64), the update count."""
+    if isinstance(T, bool | np.bool_):
+        raise TypeError(f"{where}: input T must be an integer scalar, got bool")
+    if isinstance(T, numbers.Integral) and not isinstance(T, np.generic):
+        value: int | None = int(T)
+    elif is_traced(T):
+        value = None
+    else:
+        array = np.asarray(T) if not isinstance(T, jax.Array) else T
+        if np.ndim(array) != 0:
+            raise ValueError(
+                f"{where}: input T must be a scalar (shape ()), got shape {np.shape(array)}"
+            )
+        if not np.issubdtype(np.dtype(array.dtype), np.integer) or array.dtype == np.bool_:
+            raise TypeError(
+                f"{where}: input T must be an integer scalar (ONNX T2: int64), "
+                f"got dtype {array.dtype}"
+            )
+        value = int(np.asarray(array))
+    if value is None:
+        assert isinstance(T, jax.Array)
+        if T.ndim != 0:
+            raise ValueError(f"{where}: input T must be a scalar (shape ()), got shape {T.shape}")
+        if not jnp.issubdtype(T.dtype, jnp.integer):
+            raise TypeError(
+                f"{where}: input T must be an integer scalar (ONNX T2: int64), got dtype {T.dtype}"
+            )
+        return T
+    if value < 0:
+        raise ValueError(f"{where}: input T is an update count and must be >= 0, got {value}")
+    limit = int(np.iinfo(np.int64 if jax.config.read("jax_enable_x64") else np.int32).max)
+    if value > limit:
+        raise ValueError(
+            f"{where}: input T={value} does not fit the {'int64' if limit > INT32_MAX else 'int32'}"
+            " counter; enable 64-bit JAX (jax.config.update('jax_enable_x64', True)) for "
+            "counts of 2**31 and more"
+        )
+    return jnp.asarray(value)
+
+
+# --------------------------------------------------------------------------
+# The optax transformations: one formula applied leaf by leaf
+# --------------------------------------------------------------------------
+
+
+def _check_float_leaves(where: str, argument: str, tree: PyTree) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:
+            raise TypeError(
+                f"{where}: {argument}{jax.tree_util.keystr(path)} is a "
+                f"{type(leaf).__name__}, not an array"
+            )
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(
+                f"{where}: {argument}{jax.tree_util.keystr(path)} has dtype {dtype}; "
+                "only floating-point tensors can be optimized (mask integer leaves out "
+                "with optax.masked)"
+            )
+
+
+def init_accumulators(
+    where: str, params: PyTree, accumulator_dtype: jnp.dtype | None, fill: Any
+) -> PyTree:
+    """A state tree like ``params`` filled with ``fill``, in the accumulator dtype."""
+    _check_float_leaves(where, "params", params)
+
+    def leaf(p: Array) -> Array:
+        dtype = accumulator_dtype if accumulator_dtype is not None else p.dtype
+        return jnp.full_like(p, as_dtype(fill, dtype), dtype=dtype)
+
+    return jax.tree.map(leaf, params)
+
+
+LeafUpdate = Callable[..., tuple[Array, ...]]
+"""The formula of one operator for one tensor, in the compute dtype.
+
+Called as ``leaf_update(dtype, g, x, *state)`` with the compute dtype, the
+gradient G, the parameter X (``None`` when the formula does not read it) and
+the state tensors; returns the update to add to X, then the new state tensors.
+"""
+
+
+def apply_leafwise(
+    where: str,
+    leaf_update: LeafUpdate,
+    updates: PyTree,
+    params: PyTree | None,
+    states: Sequence[tuple[str, PyTree]],
+    *,
+    reads_params: bool,
+    why_params: str,
+) -> tuple[PyTree, list[PyTree]]:
+    """Applies ``leaf_update`` to every gradient leaf and its state leaves.
+
+    Checks first, at trace time, that the trees line up: the gradients, each
+    state tree and (when the formula reads them) the parameters have the same
+    structure, shapes and floating dtypes. Updates come back in the gradients'
+    dtypes and the new state in the state's dtypes, so nothing changes dtype
+    from one step to the next.
+    """
+    leaves_with_path, treedef_ = jax.tree_util.tree_flatten_with_path(updates)
+    treedef: Any = treedef_
+    state_leaves = []
+    for name, tree in states:
+        state_def = jax.tree.structure(tree)
+        if state_def != treedef:
+            raise ValueError(
+                f"{where}: the updates (gradients) and state.{name} have different tree "
+                f"structures; the state must come from init() on parameters shaped like "
+                f"the gradients.\n  updates: {treedef}\n  state.{name}: {state_def}"
+            )
+        state_leaves.append(treedef.flatten_up_to(tree))
+    if reads_params:
+        if params is None:
+            raise ValueError(
+                f"{where}: {why_params}, so update() needs the parameters: call "
+                "tx.update(grads, state, params)"
+            )
+        params_def = jax.tree.structure(params)
+        if params_def != treedef:
+            raise ValueError(
+                f"{where}: the updates (gradients) and params have different tree "
+                f"structures.\n  updates: {treedef}\n  params: {params_def}"
+            )
+        param_leaves: list[Any] = treedef.flatten_up_to(params)
+    else:
+        param_leaves = [None] * len(leaves_with_path)
+
+    new_updates = []
+    new_states: list[list[Array]] = [[] for _ in states]
+    for i, (path, g) in enumerate(leaves_with_path):
+        location = jax.tree_util.keystr(path)
+        if not hasattr(g, "dtype") or not jnp.issubdtype(g.dtype, jnp.floating):
+            raise TypeError(
+                f"{where}: updates{location} must be a floating-point array, got "
+                f"{getattr(g, 'dtype', type(g).__name__)}"
+            )
+        own_state = [leaves[i] for leaves in state_leaves]
+        for (name, _), s in zip(states, own_state, strict=True):
+            if s.shape != g.shape:
+                raise ValueError(
+                    f"{where}: updates{location} has shape {g.shape} but "
+                    f"state.{name}{location} has shape {s.shape}"
+                )
+        x = param_leaves[i]
+        if x is not None:
+            if x.shape != g.shape:
+                raise ValueError(
+                    f"{where}: updates{location} has shape {g.shape} but "
+                    f"params{location} has shape {x.shape}"
+                )
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                raise TypeError(f"{where}: params{location} has non-float dtype {x.dtype}")
+        dtype = compute_dtype(g.dtype, *(s.dtype for s in own_state))
+        out = leaf_update(
+            dtype,
+            g.astype(dtype),
+            None if x is None else x.astype(dtype),
+            *(s.astype(dtype) for s in own_state),
+        )
+        new_updates.append(out[0].astype(g.dtype))
+        for j, (s, new) in enumerate(zip(own_state, out[1:], strict=True)):
+            new_states[j].append(new.astype(s.dtype))
+    return (
+        jax.tree.unflatten(treedef, new_updates),
+        [jax.tree.unflatten(treedef, leaves) for leaves in new_states],
+    )
+
+
+def per_dtype(compute: Callable[[jnp.dtype], Any]) -> Callable[[jnp.dtype], Any]:
+    """Memoizes the scalar part of a formula per compute dtype within one update."""
+    cache: dict[jnp.dtype, Any] = {}
+
+    def get(dtype: jnp.dtype) -> Any:
+        if dtype not in cache:
+            cache[dtype] = compute(dtype)
+        return cache[dtype]
+
+    return get
