@@ -85,21 +85,18 @@ def _momentum_attributes(rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def _mode_bound(mode: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+def _mode_bound(mode: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     def op(*args: Any, **kwargs: Any) -> Any:
         return onnx_optax.ops.momentum(*args, mode=mode, **kwargs)
-
-    def make(learning_rate: Any, **kwargs: Any) -> Any:
-        return onnx_optax.momentum(learning_rate, mode=mode, **kwargs)
 
     def reference(*args: Any, **kwargs: Any) -> Any:
         return oracle.momentum(*args, mode=mode, **kwargs)
 
-    return op, make, reference
+    return op, reference
 
 
-_momentum_op, _momentum_make, _momentum_oracle = _mode_bound("standard")
-_nesterov_op, _nesterov_make, _nesterov_oracle = _mode_bound("nesterov")
+_momentum_op, _momentum_oracle = _mode_bound("standard")
+_nesterov_op, _nesterov_oracle = _mode_bound("nesterov")
 
 OPTIMIZERS: dict[str, Optimizer] = {
     "adagrad": Optimizer(
@@ -129,7 +126,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
         state_names=("v",),
         draw_attributes=_momentum_attributes,
         op=_momentum_op,
-        make=_momentum_make,
+        make=onnx_optax.momentum,
         oracle=_momentum_oracle,
         state_class=onnx_optax.MomentumState,
         default_initial_count=0,
@@ -144,7 +141,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
         state_names=("v",),
         draw_attributes=_momentum_attributes,
         op=_nesterov_op,
-        make=_nesterov_make,
+        make=onnx_optax.nesterov,
         oracle=_nesterov_oracle,
         state_class=onnx_optax.MomentumState,
         default_initial_count=0,

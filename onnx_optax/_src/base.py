@@ -82,9 +82,9 @@ def check_hyperparameter(
     Traced values (e.g. under ``optax.inject_hyperparams`` inside ``jax.jit``)
     can only be checked for shape; their value is data.
     """
+    if isinstance(value, jax.Array | np.ndarray) and value.ndim != 0:
+        raise ValueError(f"{where}: {name} must be a scalar, got shape {value.shape}")
     if is_traced(value):
-        if np.ndim(value) != 0:
-            raise ValueError(f"{where}: {name} must be a scalar, got shape {np.shape(value)}")
         return
     try:
         number = static_number(value)

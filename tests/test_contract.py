@@ -1,0 +1,254 @@
+"""The contract every optimizer keeps, from one table (as optax's alias tests do).
+
+Converges on a quadratic and on Rosenbrock, compiles once, composes with
+``optax.chain``, ``optax.inject_hyperparams`` and ``optax.MultiSteps``, keeps
+its state dtype (bfloat16, float32, float64), returns updates in the gradient's
+dtype, and its counter saturates instead of wrapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import onnx_optax
+from tests.optimizers import NAMES, OPTIMIZERS, Optimizer
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _make(optimizer: Optimizer, learning_rate: Any = None, **kwargs: Any) -> Any:
+    conf = optimizer.convergent
+    lr = conf["learning_rate"] if learning_rate is None else learning_rate
+    return optimizer.transform(lr, {**conf["attributes"], **kwargs})
+
+
+def _minimize(tx: Any, loss: Any, params: jax.Array, steps: int) -> jax.Array:
+    @jax.jit
+    def run(params: jax.Array) -> jax.Array:
+        def body(carry: Any, _: None) -> Any:
+            p, s = carry
+            updates, s = tx.update(jax.grad(loss)(p), s, p)
+            return (optax.apply_updates(p, updates), s), None
+
+        (params, _), _ = jax.lax.scan(body, (params, tx.init(params)), None, length=steps)
+        return params
+
+    return run(params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converges_on_quadratic(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    target = jnp.array([1.0, -2.0, 3.0, 0.5])
+
+    def loss(x: jax.Array) -> jax.Array:
+        return 0.5 * jnp.sum(jnp.array([1.0, 2.0, 0.5, 4.0]) * (x - target) ** 2)
+
+    x = _minimize(_make(optimizer), loss, jnp.zeros(4), optimizer.convergent["steps"])
+    assert float(loss(x)) < 1e-4, (name, x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converges_on_rosenbrock(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+
+    def rosenbrock(x: jax.Array) -> jax.Array:
+        return (1.0 - x[0]) ** 2 + 100.0 * (x[1] - x[0] ** 2) ** 2
+
+    start = jnp.array([-1.0, 1.5])
+    x = _minimize(_make(optimizer), rosenbrock, start, 20 * optimizer.convergent["steps"])
+    assert float(rosenbrock(x)) < 1e-3, (name, x)
+    np.testing.assert_allclose(np.asarray(x), [1.0, 1.0], atol=0.05)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_does_not_recompile(name: str) -> None:
+    chex.clear_trace_counter()
+    tx = _make(OPTIMIZERS[name], norm_coefficient=0.01)
+    params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def step(params: Any, state: Any, grads: Any) -> Any:
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    state = tx.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    for _ in range(3):
+        params, state = step(params, state, grads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_in_chain_equals_clipping_by_hand(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    params = {"w": jnp.array([1.0, -1.0, 2.0])}
+    grads = {"w": jnp.array([3.0, 4.0, 12.0])}  # global norm 13
+    chained = optax.chain(optax.clip_by_global_norm(1.0), _make(optimizer))
+    alone = _make(optimizer)
+    updates, _ = chained.update(grads, chained.init(params), params)
+    expected, _ = alone.update(jax.tree.map(lambda g: g / 13.0, grads), alone.init(params), params)
+    chex.assert_trees_all_close(updates, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inject_hyperparams_gives_the_same_result(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    attributes = optimizer.draw_attributes(np.random.default_rng(3))
+    params = {"w": jnp.array([0.5, -1.5, 2.0]), "b": jnp.array(0.25)}
+    plain = optimizer.transform(0.05, attributes)
+    injected = optax.inject_hyperparams(optimizer.make)(learning_rate=0.05, **attributes)
+    s_plain, s_injected = plain.init(params), injected.init(params)
+    p_plain = p_injected = params
+    for i in range(4):
+        grads = jax.tree.map(lambda p, i=i: jnp.cos(p * (i + 1)), p_plain)
+        u_plain, s_plain = jax.jit(plain.update)(grads, s_plain, p_plain)
+        u_injected, s_injected = jax.jit(injected.update)(grads, s_injected, p_injected)
+        p_plain = optax.apply_updates(p_plain, u_plain)
+        p_injected = optax.apply_updates(p_injected, u_injected)
+    chex.assert_trees_all_equal(p_plain, p_injected)
+    assert float(s_injected.hyperparams["learning_rate"]) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inject_hyperparams_learning_rate_can_change(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    tx = optax.inject_hyperparams(optimizer.make)(
+        learning_rate=0.1, **optimizer.convergent["attributes"]
+    )
+    params = jnp.array([1.0, 2.0])
+    state = tx.init(params)
+    state.hyperparams["learning_rate"] = jnp.asarray(0.0)
+    updates, state = tx.update(jnp.array([1.0, -1.0]), state, params)
+    chex.assert_trees_all_equal(updates, jnp.zeros(2))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_constant_schedule_equals_constant(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    params = jnp.array([1.0, -2.0])
+    grads = jnp.array([0.3, 0.7])
+    results = []
+    for lr in (0.1, optax.constant_schedule(0.1)):
+        tx = _make(optimizer, lr)
+        state = tx.init(params)
+        out = []
+        for _ in range(3):
+            updates, state = tx.update(grads, state, params)
+            out.append(updates)
+        results.append(out)
+    chex.assert_trees_all_equal(*results)
+
+
+@pytest.mark.standard_promotion
+@pytest.mark.parametrize("name", NAMES)
+def test_multi_steps_accumulates_then_updates(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    tx = optax.MultiSteps(_make(optimizer), every_k_schedule=3)
+    params = jnp.array([1.0, -2.0])
+    state = tx.init(params)
+    for i, g in enumerate([jnp.array([1.0, 1.0]), jnp.array([2.0, 0.0]), jnp.array([0.0, 2.0])]):
+        updates, state = jax.jit(tx.update)(g, state, params)
+        if i < 2:
+            chex.assert_trees_all_equal(updates, jnp.zeros(2))
+    inner = _make(optimizer)
+    expected, _ = inner.update(jnp.array([1.0, 1.0]), inner.init(params), params)
+    chex.assert_trees_all_close(updates, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("param_dtype", "accumulator_dtype", "state_dtype"),
+    [
+        (jnp.bfloat16, None, jnp.bfloat16),
+        (jnp.bfloat16, jnp.float32, jnp.float32),
+        (jnp.float32, None, jnp.float32),
+        (jnp.float32, jnp.bfloat16, jnp.bfloat16),
+    ],
+)
+@pytest.mark.parametrize("name", NAMES)
+def test_state_keeps_its_dtype(
+    name: str, param_dtype: Any, accumulator_dtype: Any, state_dtype: Any
+) -> None:
+    optimizer = OPTIMIZERS[name]
+    tx = _make(optimizer, accumulator_dtype=accumulator_dtype, norm_coefficient=0.01)
+    params = {"w": jnp.ones((4,), param_dtype), "b": jnp.zeros((2,), param_dtype)}
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    for _ in range(3):
+        grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+        updates, state = step(grads, state, params)
+        chex.assert_trees_all_equal_dtypes(updates, grads)
+        params = optax.apply_updates(params, updates)
+        for name_ in optimizer.state_names:
+            for leaf in jax.tree.leaves(getattr(state, name_)):
+                assert leaf.dtype == state_dtype
+        assert state.count.dtype == jnp.int32
+    chex.assert_tree_all_finite(params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_end_to_end(name: str) -> None:
+    with jax.enable_x64(True):
+        optimizer = OPTIMIZERS[name]
+        tx = _make(optimizer, norm_coefficient=0.01)
+        params = jnp.array([1.0, 2.0], jnp.float64)
+        state = tx.init(params)
+        updates, state = jax.jit(tx.update)(jnp.array([0.1, 0.2], jnp.float64), state, params)
+        assert updates.dtype == jnp.float64
+        for name_ in optimizer.state_names:
+            assert getattr(state, name_).dtype == jnp.float64
+
+
+def test_bfloat16_state_does_not_lose_adam_beta() -> None:
+    """0.999 rounds to 1.0 in bfloat16; the formula still runs in float32."""
+    tx = onnx_optax.adam(0.1)
+    params = jnp.zeros(3, jnp.bfloat16)
+    state = tx.init(params)
+    _, state = tx.update(jnp.full(3, 2.0, jnp.bfloat16), state)
+    # H_new = (1 - 0.999) * 4 = 0.004, not 0 as (1 - bf16(0.999)) * 4 would give.
+    np.testing.assert_allclose(np.asarray(state.h, np.float32), 0.004, rtol=1e-2)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_count_saturates(name: str) -> None:
+    tx = _make(OPTIMIZERS[name], initial_count=INT32_MAX - 1)
+    params = jnp.ones(2)
+    state = tx.init(params)
+    for expected in (INT32_MAX, INT32_MAX, INT32_MAX):
+        updates, state = tx.update(jnp.ones(2), state, params)
+        assert int(state.count) == expected
+        chex.assert_tree_all_finite(updates)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_initial_count(name: str) -> None:
+    optimizer = OPTIMIZERS[name]
+    state = _make(optimizer).init(jnp.ones(2))
+    assert int(state.count) == optimizer.default_initial_count
+    assert state.count.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_params_not_needed_without_regularization(name: str) -> None:
+    tx = _make(OPTIMIZERS[name], norm_coefficient=0.0)
+    updates, _ = tx.update(jnp.ones(2), tx.init(jnp.ones(2)), None)
+    chex.assert_tree_all_finite(updates)
+
+
+def test_empty_and_scalar_leaves() -> None:
+    for name in NAMES:
+        tx = _make(OPTIMIZERS[name])
+        params = {"empty": jnp.zeros((0, 3)), "scalar": jnp.array(1.0), "none": None}
+        state = tx.init(params)
+        grads = {"empty": jnp.zeros((0, 3)), "scalar": jnp.array(0.5), "none": None}
+        updates, _ = jax.jit(tx.update)(grads, state, params)
+        assert updates["empty"].shape == (0, 3)
+        assert updates["none"] is None
+        assert updates["scalar"].shape == ()
