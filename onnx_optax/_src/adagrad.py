@@ -159,7 +159,17 @@ def adagrad(
             reads_params=reads_params,
         )
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    spec = base.OnnxSpec(
+        "Adagrad",
+        hyperparameters,
+        learning_rate,
+        initial_count,
+        {
+            "initial_accumulator_value": initial_accumulator_value,
+            "accumulator_dtype": state_dtype,
+        },
+    )
+    return base.onnx_transformation(init_fn, update_fn, spec)
 
 
 @functools.partial(jax.jit, static_argnames=("schedule", "reads_params"))

@@ -199,7 +199,10 @@ def adam(
             post_is_zero=post_is_zero,
         )
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    spec = base.OnnxSpec(
+        "Adam", hyperparameters, learning_rate, initial_count, {"accumulator_dtype": state_dtype}
+    )
+    return base.onnx_transformation(init_fn, update_fn, spec)
 
 
 @functools.partial(jax.jit, static_argnames=("schedule", "reads_params", "post_is_zero"))

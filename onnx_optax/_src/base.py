@@ -20,9 +20,10 @@ Dtype policy (the same for the ops and the transforms):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -194,6 +195,41 @@ def compute_dtype(*dtypes: Any) -> jnp.dtype:
 def as_dtype(value: Any, dtype: Any) -> Array:
     """``value`` (a Python number or an array) as an array of ``dtype``."""
     return jnp.asarray(value).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# What a transformation implements, for export to ONNX
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxSpec:
+    """The ONNX operator an onnx_optax transformation implements, and how it was built."""
+
+    op_type: str  # "Adagrad", "Adam" or "Momentum"
+    attributes: Mapping[str, Any]  # the ONNX attributes (mode included for Momentum)
+    learning_rate: Any  # R: a number, an array or a schedule
+    initial_count: Any  # the T of the first update
+    options: Mapping[str, Any]  # factory arguments that are not ONNX attributes
+
+
+class OnnxTransformation(optax.GradientTransformationExtraArgs):
+    """An ``optax.GradientTransformationExtraArgs`` that knows its ONNX operator.
+
+    It is the ``(init, update)`` pair optax expects, plus ``onnx_spec``
+    (:class:`OnnxSpec`), which :mod:`onnx_optax.interop` reads to export it.
+    """
+
+    onnx_spec: OnnxSpec
+
+
+def onnx_transformation(
+    init_fn: Callable[..., Any], update_fn: Callable[..., Any], spec: OnnxSpec
+) -> OnnxTransformation:
+    """Builds the transformation and attaches its :class:`OnnxSpec`."""
+    transformation = OnnxTransformation(init_fn, update_fn)
+    transformation.onnx_spec = spec
+    return transformation
 
 
 # --------------------------------------------------------------------------

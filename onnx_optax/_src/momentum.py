@@ -174,7 +174,14 @@ def momentum(
             nesterov=nesterov,
         )
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    spec = base.OnnxSpec(
+        "Momentum",
+        {**hyperparameters, "mode": mode},
+        learning_rate,
+        initial_count,
+        {"accumulator_dtype": state_dtype},
+    )
+    return base.onnx_transformation(init_fn, update_fn, spec)
 
 
 def nesterov(

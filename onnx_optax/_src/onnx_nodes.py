@@ -1,0 +1,227 @@
+"""Reading and writing ONNX optimizer nodes (needs the ``onnx`` package).
+
+One table describes the three operators of ``ai.onnx.preview.training``: their
+variadic input groups, attributes and the op that runs them. The backend, the
+importer and the exporter all go through :func:`read_node`, which checks a
+``NodeProto`` against that table and the ONNX schema (defaults, required
+attributes, attribute types, input and output counts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from onnx_optax._src.adagrad import adagrad_op
+from onnx_optax._src.adam import adam_op
+from onnx_optax._src.momentum import MODES, momentum_op
+
+DOMAIN = "ai.onnx.preview.training"
+OPSET_VERSION = 1
+
+
+class UnsupportedOperatorError(NotImplementedError):
+    """An ONNX node that onnx_optax cannot run or import."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """One ONNX training operator: its variadic input groups and attributes."""
+
+    op_type: str
+    groups: tuple[str, ...]  # X, G, then the state tensors, in ONNX input order
+    float_attributes: tuple[str, ...]
+    string_attributes: tuple[str, ...]
+    op: Callable[..., tuple[jax.Array, ...]]
+
+    @property
+    def state_groups(self) -> tuple[str, ...]:
+        return self.groups[2:]
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return self.float_attributes + self.string_attributes
+
+
+OPERATORS: dict[str, Operator] = {
+    "Adagrad": Operator(
+        "Adagrad", ("X", "G", "H"), ("decay_factor", "epsilon", "norm_coefficient"), (), adagrad_op
+    ),
+    "Adam": Operator(
+        "Adam",
+        ("X", "G", "V", "H"),
+        ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"),
+        (),
+        adam_op,
+    ),
+    "Momentum": Operator(
+        "Momentum", ("X", "G", "V"), ("alpha", "beta", "norm_coefficient"), ("mode",), momentum_op
+    ),
+}
+
+
+def describe(node: Any) -> str:
+    """How errors name a node: its name (if any), op type and domain."""
+    name = f"'{node.name}' " if node.name else ""
+    domain = node.domain or "ai.onnx"
+    return f"node {name}({domain}.{node.op_type})"
+
+
+def schema_defaults(op_type: str) -> dict[str, Any]:
+    """The attribute defaults of the ONNX schema (float32 values, as Python floats)."""
+    import onnx
+    from onnx import helper
+
+    schema = onnx.defs.get_schema(op_type, OPSET_VERSION, DOMAIN)
+    return {
+        name: helper.get_attribute_value(attribute.default_value)
+        for name, attribute in schema.attributes.items()
+        if attribute.default_value.type
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerNode:
+    """A checked optimizer node: its operator, complete attributes and tensor names."""
+
+    operator: Operator
+    attributes: Mapping[str, Any]  # every attribute, schema defaults filled in
+    inputs: tuple[str, ...]  # R, T, then the variadic tensors in ONNX order
+    outputs: tuple[str, ...]
+    name: str
+
+    @property
+    def n_tensors(self) -> int:
+        return (len(self.inputs) - 2) // len(self.operator.groups)
+
+    def group(self, group: str) -> tuple[str, ...]:
+        """The input names of one variadic group, e.g. ``group("X")``."""
+        n, k = self.n_tensors, self.operator.groups.index(group)
+        return self.inputs[2 + k * n : 2 + (k + 1) * n]
+
+    def output_group(self, group: str) -> tuple[str, ...]:
+        """The output names of X_new or of a state group's new values."""
+        n = self.n_tensors
+        k = 0 if group == "X" else 1 + self.operator.state_groups.index(group)
+        return self.outputs[k * n : (k + 1) * n]
+
+    def run(self, R: Any, T: Any, *tensors: Any) -> tuple[jax.Array, ...]:
+        """Runs the node's op on its inputs, in ONNX order."""
+        return self.operator.op(R, T, *tensors, **self.attributes)
+
+
+def read_node(node: Any) -> OptimizerNode:
+    """Checks an optimizer ``NodeProto`` and reads it; raises a clear error if it is not one."""
+    import onnx
+    from onnx import helper
+
+    if not isinstance(node, onnx.NodeProto):
+        raise TypeError(f"expected an onnx.NodeProto, got {type(node).__name__}")
+    where = describe(node)
+    if node.domain != DOMAIN or node.op_type not in OPERATORS:
+        raise UnsupportedOperatorError(
+            f"{where}: unsupported op {node.op_type} in domain "
+            f"'{node.domain or 'ai.onnx'}'; onnx_optax implements Adagrad, Adam and Momentum "
+            f"of '{DOMAIN}'"
+        )
+    operator = OPERATORS[node.op_type]
+    attributes = schema_defaults(node.op_type)
+    for attribute in node.attribute:
+        name = attribute.name
+        if name not in operator.attributes:
+            raise ValueError(
+                f"{where}: unknown attribute '{name}'; {node.op_type} has "
+                f"{', '.join(operator.attributes)}"
+            )
+        expected = (
+            onnx.AttributeProto.FLOAT
+            if name in operator.float_attributes
+            else onnx.AttributeProto.STRING
+        )
+        if attribute.type != expected:
+            raise TypeError(
+                f"{where}: attribute '{name}' must be of type "
+                f"{onnx.AttributeProto.AttributeType.Name(expected)}, got "
+                f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+            )
+        value = helper.get_attribute_value(attribute)
+        attributes[name] = value.decode() if isinstance(value, bytes) else value
+    missing = [name for name in operator.attributes if name not in attributes]
+    if missing:
+        raise ValueError(
+            f"{where}: missing required attribute(s) {', '.join(missing)} (the ONNX schema of "
+            f"{node.op_type} has no default for them)"
+        )
+    if "mode" in attributes and attributes["mode"] not in MODES:
+        raise ValueError(
+            f"{where}: attribute mode must be 'standard' or 'nesterov', got {attributes['mode']!r}"
+        )
+    k = len(operator.groups)
+    n_inputs = len(node.input)
+    if n_inputs < 2 + k or (n_inputs - 2) % k:
+        raise ValueError(
+            f"{where}: has {n_inputs} inputs; {node.op_type} takes R, T and {k}*n tensors "
+            f"({', '.join(operator.groups)} for each of n >= 1 tensors)"
+        )
+    n = (n_inputs - 2) // k
+    expected_outputs = n * (k - 1)
+    if len(node.output) != expected_outputs:
+        raise ValueError(
+            f"{where}: has {len(node.output)} outputs; with {n} optimized tensor(s) "
+            f"{node.op_type} produces {expected_outputs} "
+            f"({', '.join(g + '_new' for g in ('X', *operator.state_groups))} for each)"
+        )
+    if any(not name for name in [*node.input, *node.output]):
+        raise ValueError(f"{where}: an input or output name is empty; none is optional")
+    return OptimizerNode(
+        operator=operator,
+        attributes=attributes,
+        inputs=tuple(node.input),
+        outputs=tuple(node.output),
+        name=node.name,
+    )
+
+
+def make_node(
+    op_type: str,
+    attributes: Mapping[str, Any],
+    names: list[str],
+    *,
+    node_name: str = "",
+) -> Any:
+    """An optimizer ``NodeProto`` for tensors ``names`` with conventional I/O names.
+
+    Inputs are ``R``, ``T``, then ``<name>`` (X), ``<name>.grad`` (G) and
+    ``<name>.<state>`` (e.g. ``w.v``); outputs ``<name>.new`` and
+    ``<name>.<state>.new``, all in ONNX order.
+    """
+    from onnx import helper
+
+    operator = OPERATORS[op_type]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"tensor names must be distinct and non-empty, got {names}")
+    inputs = ["R", "T", *names, *(f"{n}.grad" for n in names)]
+    inputs += [f"{n}.{s.lower()}" for s in operator.state_groups for n in names]
+    outputs = [f"{n}.new" for n in names]
+    outputs += [f"{n}.{s.lower()}.new" for s in operator.state_groups for n in names]
+    clashes = {"R", "T"} & set(names)
+    if clashes:
+        raise ValueError(f"tensor names {sorted(clashes)} clash with the inputs R and T")
+    return helper.make_node(
+        op_type,
+        inputs,
+        outputs,
+        name=node_name or op_type.lower(),
+        domain=DOMAIN,
+        **dict(attributes),
+    )
+
+
+def to_numpy_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))

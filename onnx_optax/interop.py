@@ -1,0 +1,566 @@
+"""Import and export between ONNX optimizer nodes/models and optax transformations.
+
+* :func:`from_node`: an Adagrad/Adam/Momentum ``NodeProto`` as the matching
+  transformation (its float32 attribute values kept exactly).
+* :func:`from_model`: a ``ModelProto`` whose ``training_info`` algorithm holds one
+  optimizer node: the transformation, the parameters and optimizer state stored
+  in its initializers, T and R, and the checked ``update_binding``.
+* :func:`to_node`, :func:`step_model`, :func:`to_model`: the other way round,
+  from a transformation built by onnx_optax.
+
+Tensor names: a parameter pytree of (nested) dicts is named by its keys joined
+with ``/``; each X then has inputs ``<name>.grad`` and ``<name>.v``/``<name>.h``
+and outputs ``<name>.new``, ``<name>.v.new``, ``<name>.h.new``.
+
+Example:
+  >>> import jax.numpy as jnp, onnx_optax
+  >>> from onnx_optax import interop
+  >>> tx = onnx_optax.adam(0.01, beta=0.99)
+  >>> params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+  >>> model = interop.to_model(tx, params, tx.init(params))
+  >>> imported = interop.from_model(model)
+  >>> imported.node.attributes["beta"] == float(jnp.float32(0.99)), int(imported.T)
+  (True, 1)
+  >>> sorted(imported.update_binding)
+  ['T', 'b', 'b.h', 'b.v', 'w', 'w.h', 'w.v']
+
+Needs the ``onnx`` extra (``pip install onnx-optax[onnx]``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import optax
+from onnx import helper, numpy_helper
+
+from onnx_optax._src import base
+from onnx_optax._src.adagrad import AdagradState, adagrad
+from onnx_optax._src.adam import AdamState, adam
+from onnx_optax._src.momentum import MomentumState, momentum
+from onnx_optax._src.onnx_graph import GraphFunction, cone, constant_value
+from onnx_optax._src.onnx_nodes import (
+    DOMAIN,
+    OPERATORS,
+    OPSET_VERSION,
+    OptimizerNode,
+    UnsupportedOperatorError,
+    describe,
+    make_node,
+    read_node,
+)
+
+__all__ = [
+    "DOMAIN",
+    "ImportedModel",
+    "UnsupportedOperatorError",
+    "from_model",
+    "from_node",
+    "step_model",
+    "to_model",
+    "to_node",
+]
+
+_FACTORIES = {"Adagrad": adagrad, "Adam": adam, "Momentum": momentum}
+_STATES: dict[str, Any] = {
+    "Adagrad": AdagradState,
+    "Adam": AdamState,
+    "Momentum": MomentumState,
+}
+_TREE_METADATA = "onnx_optax.params"
+_DEFAULT_OPSET = 21
+
+
+def _transformation(
+    op_type: str,
+    attributes: Mapping[str, Any],
+    learning_rate: optax.ScalarOrSchedule,
+    initial_count: int | None,
+    accumulator_dtype: Any,
+) -> base.OnnxTransformation:
+    kwargs = dict(attributes)
+    if initial_count is not None:
+        kwargs["initial_count"] = initial_count
+    factory: Any = _FACTORIES[op_type]
+    result: base.OnnxTransformation = factory(
+        learning_rate, accumulator_dtype=accumulator_dtype, **kwargs
+    )
+    return result
+
+
+def from_node(
+    node: onnx.NodeProto,
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    initial_count: int | None = None,
+    accumulator_dtype: Any | None = None,
+) -> base.OnnxTransformation:
+    """The optax transformation of an ONNX Adagrad, Adam or Momentum node.
+
+    Args:
+      node: a ``NodeProto`` of domain ``ai.onnx.preview.training``.
+      learning_rate: R (the node takes it as an input, not an attribute).
+      initial_count: the T of the first update (default: the transformation's).
+      accumulator_dtype: dtype of the state (default: the parameters').
+
+    Returns:
+      The transformation, with the node's attributes (float32 values, as ONNX
+      stores them) and the schema defaults for those the node omits.
+
+    Raises:
+      UnsupportedOperatorError: for a node of another op or domain.
+      ValueError: for an unknown or missing attribute, a bad mode, or input and
+        output counts that do not fit the operator.
+    """
+    spec = read_node(node)
+    return _transformation(
+        spec.operator.op_type, spec.attributes, learning_rate, initial_count, accumulator_dtype
+    )
+
+
+def _spec_of(transformation: Any) -> base.OnnxSpec:
+    spec = getattr(transformation, "onnx_spec", None)
+    if not isinstance(spec, base.OnnxSpec):
+        raise TypeError(
+            "expected a transformation built by onnx_optax.adagrad, adam, momentum or nesterov "
+            f"(it carries .onnx_spec), got {type(transformation).__name__}; wrappers such as "
+            "optax.chain or optax.inject_hyperparams hide it, so pass the inner one"
+        )
+    return spec
+
+
+def _attribute_values(spec: base.OnnxSpec) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, value in spec.attributes.items():
+        if isinstance(value, str):
+            values[name] = value
+            continue
+        number = base.static_number(value)
+        if number is None:
+            raise TypeError(f"attribute {name} is traced; ONNX attributes are constants")
+        values[name] = float(np.float32(number))
+    return values
+
+
+def _names(params: Any) -> tuple[list[str], list[Any], list[list[str]]]:
+    """Leaf names ('/'-joined dict keys), leaves and key paths of a params pytree."""
+    named = jax.tree_util.tree_flatten_with_path(params)[0]
+    names, leaves, paths = [], [], []
+    for path, leaf in named:
+        keys = []
+        for entry in path:
+            key = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", None)))
+            keys.append(str(key))
+        paths.append(keys)
+        names.append("/".join(keys) if keys else "x")
+        leaves.append(leaf)
+    if len(set(names)) != len(names):
+        raise ValueError(f"parameter names collide after joining keys with '/': {names}")
+    return names, leaves, paths
+
+
+def to_node(transformation: Any, names: Sequence[str], *, node_name: str = "") -> onnx.NodeProto:
+    """The ONNX node of an onnx_optax transformation, for tensors ``names``.
+
+    Inputs are ``R, T, <name>.., <name>.grad.., <name>.<state>..`` and outputs
+    ``<name>.new.., <name>.<state>.new..`` in ONNX order; attribute values are
+    stored as float32, the ONNX attribute type.
+    """
+    spec = _spec_of(transformation)
+    node: onnx.NodeProto = make_node(
+        spec.op_type, _attribute_values(spec), list(names), node_name=node_name
+    )
+    return node
+
+
+def _onnx_type(dtype: Any, what: str) -> int:
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"{what} has dtype {dtype}; ONNX optimizers take float or double")
+    return int(helper.np_dtype_to_tensor_dtype(dtype))
+
+
+def _common_dtype(leaves: Sequence[Any]) -> np.dtype:
+    dtypes = {np.dtype(leaf.dtype) for leaf in leaves}
+    if len(dtypes) != 1:
+        raise TypeError(
+            "ONNX optimizer tensors share one type, but the parameters have "
+            f"{sorted(map(str, dtypes))}"
+        )
+    return dtypes.pop()
+
+
+def _opsets() -> list[onnx.OperatorSetIdProto]:
+    return [helper.make_opsetid("", _DEFAULT_OPSET), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+
+
+def step_model(transformation: Any, params: Any) -> onnx.ModelProto:
+    """A standalone ``ModelProto`` of one optimizer step.
+
+    Inputs ``R, T, X.., G.., <state>..`` and outputs ``X_new.., <state>_new..`` in
+    ONNX order, typed and shaped like ``params`` (arrays or
+    ``jax.ShapeDtypeStruct``). It passes ``onnx.checker.check_model`` and runs on
+    ``onnx.reference.ReferenceEvaluator`` and :mod:`onnx_optax.backend`.
+    """
+    names, leaves, _ = _names(params)
+    node = to_node(transformation, names)
+    elem = _onnx_type(_common_dtype(leaves), "params")
+    shape = {name: list(leaf.shape) for name, leaf in zip(names, leaves, strict=True)}
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        tensor = name.split(".")[0] if name not in shape else name
+        return helper.make_tensor_value_info(name, elem, shape[tensor])
+
+    inputs = [
+        helper.make_tensor_value_info("R", elem, []),
+        helper.make_tensor_value_info("T", onnx.TensorProto.INT64, []),
+    ] + [info(n) for n in node.input[2:]]
+    outputs = [info(n) for n in node.output]
+    graph = helper.make_graph([node], f"{node.op_type.lower()}_step", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=_opsets(), producer_name="onnx_optax")
+    onnx.checker.check_model(model)
+    return model
+
+
+def _learning_rate_value(spec: base.OnnxSpec, learning_rate: Any) -> float:
+    value = spec.learning_rate if learning_rate is None else learning_rate
+    if callable(value):
+        raise TypeError(
+            "the transformation's learning rate is a schedule; ONNX stores R as a tensor: "
+            "pass learning_rate= (the value to store)"
+        )
+    number = base.static_number(value)
+    if number is None:
+        raise TypeError("the learning rate is traced; pass a concrete learning_rate=")
+    return number
+
+
+def to_model(
+    transformation: Any,
+    params: Any,
+    state: Any,
+    *,
+    learning_rate: float | None = None,
+) -> onnx.ModelProto:
+    """Parameters and optimizer state as a ``ModelProto`` with ``training_info``.
+
+    The inference graph stores ``params``, the state (``<name>.v``/``<name>.h``),
+    ``T`` (int64, the state's count) and ``R`` as initializers and outputs each
+    parameter. ``training_info[0].algorithm`` takes the gradients
+    ``<name>.grad`` as inputs and runs the optimizer node and ``T + 1``; its
+    ``update_binding`` writes every new value back to its initializer.
+    ``from_model(to_model(tx, params, state))`` gives back params, state, T and
+    the hyperparameters (as float32) exactly.
+
+    Args:
+      transformation: built by :func:`onnx_optax.adagrad`, ``adam``,
+        ``momentum`` or ``nesterov``.
+      params: a pytree of float32 or float64 arrays (nested dicts name the
+        tensors by their keys).
+      state: the transformation's state for ``params``.
+      learning_rate: R to store (default: the transformation's, unless it is a
+        schedule).
+    """
+    spec = _spec_of(transformation)
+    operator = OPERATORS[spec.op_type]
+    if not isinstance(state, _STATES[spec.op_type]):
+        raise TypeError(
+            f"state must be the {_STATES[spec.op_type].__name__} of this transformation, "
+            f"got {type(state).__name__}"
+        )
+    names, leaves, paths = _names(params)
+    dtype = _common_dtype(leaves)
+    elem = _onnx_type(dtype, "params")
+    initializers = [
+        numpy_helper.from_array(np.asarray(leaf), name)
+        for name, leaf in zip(names, leaves, strict=True)
+    ]
+    treedef: Any = jax.tree.structure(params)
+    for group in operator.state_groups:
+        tree = getattr(state, group.lower())
+        if jax.tree.structure(tree) != treedef:
+            raise ValueError(f"state.{group.lower()} is not shaped like params")
+        for name, leaf, value in zip(names, leaves, jax.tree.leaves(tree), strict=True):
+            if value.shape != leaf.shape or np.dtype(value.dtype) != dtype:
+                raise TypeError(
+                    f"state.{group.lower()} for '{name}' is {value.dtype}{list(value.shape)}; ONNX "
+                    f"needs the parameter's type {dtype}{list(leaf.shape)}"
+                )
+            initializers.append(
+                numpy_helper.from_array(np.asarray(value), f"{name}.{group.lower()}")
+            )
+    initializers.append(numpy_helper.from_array(np.asarray(int(state.count), np.int64), "T"))
+    initializers.append(
+        numpy_helper.from_array(np.asarray(_learning_rate_value(spec, learning_rate), dtype), "R")
+    )
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [n], [f"{n}.value"]) for n in names],
+        "parameters",
+        [],
+        [
+            helper.make_tensor_value_info(f"{n}.value", elem, list(leaf.shape))
+            for n, leaf in zip(names, leaves, strict=True)
+        ],
+        initializer=initializers,
+    )
+
+    node = to_node(transformation, names, node_name=spec.op_type.lower())
+    one = helper.make_tensor("one", onnx.TensorProto.INT64, [], [1])
+    algorithm = helper.make_graph(
+        [
+            node,
+            helper.make_node("Constant", [], ["T.one"], value=one),
+            helper.make_node("Add", ["T", "T.one"], ["T.new"]),
+        ],
+        "training_step",
+        [
+            helper.make_tensor_value_info(f"{n}.grad", elem, list(leaf.shape))
+            for n, leaf in zip(names, leaves, strict=True)
+        ],
+        [
+            helper.make_tensor_value_info(
+                out, elem, list(leaves[names.index(out.split(".")[0])].shape)
+            )
+            for out in node.output
+        ]
+        + [helper.make_tensor_value_info("T.new", onnx.TensorProto.INT64, [])],
+    )
+    binding = {inp: out for inp, out in zip(_stored_inputs(node), node.output, strict=True)}
+    binding["T"] = "T.new"
+    training = helper.make_training_info(algorithm, list(binding.items()), None, None)
+    model = helper.make_model(graph, opset_imports=_opsets(), producer_name="onnx_optax")
+    model.training_info.append(training)
+    helper.set_model_props(model, {_TREE_METADATA: json.dumps(paths)})
+    onnx.checker.check_model(model)
+    return model
+
+
+def _stored_inputs(node: onnx.NodeProto) -> list[str]:
+    """The node's X and state inputs, in the order of its outputs."""
+    spec = read_node(node)
+    return [name for group in ("X", *spec.operator.state_groups) for name in spec.group(group)]
+
+
+class ImportedModel(NamedTuple):
+    """What :func:`from_model` found in a model."""
+
+    transformation: base.OnnxTransformation  # the optimizer, attributes from the node
+    params: Any  # X tensors from the initializers (nested dicts if exported by to_model)
+    state: Any  # the transformation's state: count = T, V/H from the initializers
+    T: int | None  # the stored update count, None if T is a graph input
+    R: float | None  # the stored learning rate, None if R is a graph input
+    update_binding: dict[str, str]  # initializer -> algorithm output, as checked
+    node: OptimizerNode  # the optimizer node, read and checked
+
+
+def _optimizer_node(model: onnx.ModelProto) -> tuple[onnx.TrainingInfoProto, onnx.NodeProto]:
+    found = [
+        (info, node)
+        for info in model.training_info
+        for node in info.algorithm.node
+        if node.domain == DOMAIN
+    ]
+    if not model.training_info:
+        raise ValueError("the model has no training_info: there is no training algorithm")
+    if len(found) != 1:
+        raise ValueError(
+            f"the model's training_info holds {len(found)} nodes of '{DOMAIN}'; from_model reads "
+            "exactly one optimizer node"
+        )
+    return found[0]
+
+
+def _stored_value(
+    name: str, initializers: Mapping[str, np.ndarray], graph: onnx.GraphProto
+) -> np.ndarray | None:
+    """An initializer's value or a Constant node's output, else None (a graph input)."""
+    if name in initializers:
+        return initializers[name]
+    for node in graph.node:
+        if node.op_type == "Constant" and list(node.output) == [name]:
+            return constant_value(node)
+    return None
+
+
+def _nest(names: Sequence[str], values: Sequence[Any], model: onnx.ModelProto) -> Any:
+    props = {p.key: p.value for p in model.metadata_props}
+    paths = json.loads(props[_TREE_METADATA]) if _TREE_METADATA in props else None
+    if (
+        paths is None
+        or len(paths) != len(names)
+        or any("/".join(p) != n for p, n in zip(paths, names, strict=True))
+    ):
+        return dict(zip(names, values, strict=True))
+    tree: dict[str, Any] = {}
+    for path, value in zip(paths, values, strict=True):
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1] if path else "x"] = value
+    return tree
+
+
+def from_model(
+    model: onnx.ModelProto,
+    *,
+    learning_rate: optax.ScalarOrSchedule | None = None,
+    initial_count: int | None = None,
+    accumulator_dtype: Any | None = None,
+) -> ImportedModel:
+    """Reads the optimizer, parameters and state of a model with ``training_info``.
+
+    The model's ``training_info`` algorithm must hold one Adagrad, Adam or
+    Momentum node whose X (and V/H) inputs are initializers of the model's
+    graph. Its ``update_binding`` is checked (the ONNX checker does not): every
+    key must be an initializer, every value an algorithm output, each X and
+    state initializer must be bound to the node's matching new value, and a
+    stored T must be bound to T + 1.
+
+    Args:
+      model: the ``ModelProto``.
+      learning_rate: R to use (default: R as stored; required if R is an input).
+      initial_count: T to start from if T is not stored (default: the
+        transformation's default).
+      accumulator_dtype: state dtype for the transformation (default: as stored).
+
+    Returns:
+      An :class:`ImportedModel`.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"from_model needs an onnx.ModelProto, got {type(model).__name__}")
+    info, proto = _optimizer_node(model)
+    node = read_node(proto)
+    where = describe(proto)
+    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    algorithm_values = {i.name: numpy_helper.to_array(i) for i in info.algorithm.initializer}
+
+    stored: dict[str, list[np.ndarray]] = {}
+    for group in ("X", *node.operator.state_groups):
+        stored[group] = []
+        for name in node.group(group):
+            if name not in initializers:
+                raise ValueError(
+                    f"{where}: its {group} input '{name}' is not an initializer of the model's "
+                    "graph; the parameters and optimizer state must be stored in the model"
+                )
+            stored[group].append(initializers[name])
+
+    R_value = _stored_value(node.inputs[0], {**initializers, **algorithm_values}, info.algorithm)
+    T_value = _stored_value(node.inputs[1], {**initializers, **algorithm_values}, info.algorithm)
+    binding = {entry.key: entry.value for entry in info.update_binding}
+    _check_bindings(info, node, binding, initializers)
+
+    if learning_rate is None:
+        if R_value is None:
+            raise ValueError(
+                f"{where}: R ('{node.inputs[0]}') is a graph input, not stored in the model; "
+                "pass learning_rate="
+            )
+        learning_rate = float(R_value)
+    T = None if T_value is None else int(T_value)
+    count = T if T is not None else initial_count
+    if count is not None and not 0 <= count <= base.INT32_MAX:
+        raise ValueError(f"{where}: T = {count} does not fit the int32 count of the transformation")
+    transformation = _transformation(
+        node.operator.op_type, node.attributes, learning_rate, count, accumulator_dtype
+    )
+    names = list(node.group("X"))
+    params = _nest(names, [jnp.asarray(v) for v in stored["X"]], model)
+    init: Any = transformation.init(params)
+    state_trees = [
+        _nest(names, [jnp.asarray(v) for v in stored[group]], model)
+        for group in node.operator.state_groups
+    ]
+    state = type(init)(init.count, *state_trees)
+    return ImportedModel(
+        transformation=transformation,
+        params=params,
+        state=state,
+        T=T,
+        R=None if R_value is None else float(R_value),
+        update_binding=binding,
+        node=node,
+    )
+
+
+def _check_bindings(
+    info: onnx.TrainingInfoProto,
+    node: OptimizerNode,
+    binding: Mapping[str, str],
+    initializers: Mapping[str, np.ndarray],
+) -> None:
+    algorithm_outputs = {o.name for o in info.algorithm.output}
+    for key, value in binding.items():
+        if key not in initializers:
+            raise ValueError(
+                f"update_binding['{key}'] = '{value}': '{key}' is not an initializer of the "
+                "model's graph, so there is nothing to update"
+            )
+        if value not in algorithm_outputs:
+            raise ValueError(
+                f"update_binding['{key}'] = '{value}': '{value}' is not an output of the "
+                f"training algorithm (its outputs: {sorted(algorithm_outputs)})"
+            )
+    for group in ("X", *node.operator.state_groups):
+        label = "new value" if group == "X" else f"new {group}"
+        for x, stored, produced in zip(
+            node.group("X"), node.group(group), node.output_group(group), strict=True
+        ):
+            if produced not in algorithm_outputs:
+                raise ValueError(
+                    f"{describe_optimizer(node)}: its output '{produced}' ({label} of "
+                    f"'{x}') is not an output of the training algorithm, so it cannot be bound"
+                )
+            if binding.get(stored) != produced:
+                found = binding.get(stored)
+                raise ValueError(
+                    f"update_binding['{stored}'] should be '{produced}' (the "
+                    f"{node.operator.op_type} node's {label} of '{x}'), but it is "
+                    + ("missing" if found is None else f"'{found}'")
+                )
+    T_name = node.inputs[1]
+    if T_name in initializers:
+        if T_name not in binding:
+            raise ValueError(
+                f"T ('{T_name}') is stored as an initializer but update_binding does not update "
+                "it: the count would never advance (bind it to T + 1)"
+            )
+        T_now = int(np.asarray(initializers[T_name]))
+        output = binding[T_name]
+        nodes = cone(info.algorithm, [output])
+        subgraph = helper.make_graph(
+            nodes,
+            "count",
+            [i for i in info.algorithm.input if any(i.name in n.input for n in nodes)],
+            [o for o in info.algorithm.output if o.name == output],
+            initializer=list(info.algorithm.initializer),
+        )
+        try:
+            counter = GraphFunction(subgraph, outer_values={T_name: np.asarray(T_now)})
+        except UnsupportedOperatorError as error:
+            raise ValueError(
+                f"update_binding['{T_name}'] = '{output}': cannot check that it is T + 1 ({error})"
+            ) from None
+        if counter.input_names:
+            raise ValueError(
+                f"update_binding['{T_name}'] = '{output}' depends on the algorithm's inputs "
+                f"{list(counter.input_names)}; it must be T + 1"
+            )
+        (T_next,) = counter([])
+        if int(np.asarray(T_next)) != T_now + 1:
+            raise ValueError(
+                f"update_binding['{T_name}'] = '{output}' computes {int(np.asarray(T_next))} from "
+                f"T = {T_now}; it must be T + 1"
+            )
+
+
+def describe_optimizer(node: OptimizerNode) -> str:
+    name = f"'{node.name}' " if node.name else ""
+    return f"node {name}({DOMAIN}.{node.operator.op_type})"
