@@ -1,4 +1,4 @@
-"""The ``onnx-optax`` command line: ``demo`` (and more subcommands as they land)."""
+"""The ``onnx-optax`` command line: ``demo`` and ``conformance``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ def _demo(args: argparse.Namespace) -> int:
     from onnx_optax._src.demo import run_demo
 
     return run_demo(epochs=args.epochs, seed=args.seed, output=args.output)
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    from onnx_optax._src.conformance import run_conformance
+
+    return run_conformance(seed=args.seed, rounds=args.rounds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write a PNG of the loss curves (default: no plot)",
     )
     demo.set_defaults(run=_demo)
+
+    conformance = commands.add_parser(
+        "conformance",
+        help="check onnx_optax against the ONNX node cases and onnx.reference on this device",
+        description="Run the seven ONNX backend node cases and a randomized differential test "
+        "against onnx.reference (T > 0, decay and both norm coefficients non-zero, float32 and "
+        "float64, several tensors) on the device JAX sees; print a table of errors and exit 1 if "
+        "any case fails. Needs the onnx extra.",
+    )
+    conformance.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    conformance.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="random cases per operator and dtype (default: 3)",
+    )
+    conformance.set_defaults(run=_conformance)
     return parser
 
 

@@ -1,0 +1,192 @@
+"""``onnx-optax conformance``: check onnx_optax against ONNX on the device JAX sees.
+
+Runs the seven ONNX backend node cases through :mod:`onnx_optax.backend`, then a
+randomized differential test against ``onnx.reference.ReferenceEvaluator``
+(T > 0, non-zero decay, norm_coefficient and norm_coefficient_post, float32 and
+float64, several tensors), and prints one row per case: the largest absolute
+and (normwise) relative error, the tolerance and pass/fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+
+DOMAIN = "ai.onnx.preview.training"
+NODE_CASES = (
+    "test_adagrad",
+    "test_adagrad_multiple",
+    "test_adam",
+    "test_adam_multiple",
+    "test_momentum",
+    "test_nesterov_momentum",
+    "test_momentum_multiple",
+)
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    dtype: str
+    max_abs: float
+    max_rel: float
+    tolerance: str
+    passed: bool
+
+
+def _errors(
+    ours: list[np.ndarray], expected: list[np.ndarray], rtol: float, atol: float
+) -> tuple[float, float, bool]:
+    max_abs = max_rel = 0.0
+    passed = len(ours) == len(expected)
+    for a, b in zip(ours, expected, strict=False):
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        passed &= a64.shape == b64.shape
+        if not a64.size:
+            continue
+        diff = float(np.max(np.abs(a64 - b64)))
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / max(float(np.max(np.abs(b64))), np.finfo(np.float64).tiny))
+        passed &= bool(np.allclose(a64, b64, rtol=rtol, atol=atol))
+    return max_abs, max_rel, passed
+
+
+def _node_case_rows() -> list[Row]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    from onnx_optax.backend import run_node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # generating every node case warns for other ops
+        cases = {c.name: c for c in collect_testcases(None) if c.name in NODE_CASES}
+    rows = []
+    for name in NODE_CASES:
+        case = cases[name]
+        (node,) = case.model.graph.node
+        for inputs, expected in case.data_sets:
+            ours = list(run_node(node, inputs))
+            dtype_ok = [np.asarray(o).dtype for o in ours] == [e.dtype for e in expected]
+            max_abs, max_rel, passed = _errors(ours, list(expected), case.rtol, case.atol)
+            rows.append(
+                Row(
+                    name,
+                    str(expected[0].dtype),
+                    max_abs,
+                    max_rel,
+                    f"rtol={case.rtol:g} atol={case.atol:g}",
+                    passed and dtype_ok,
+                )
+            )
+    return rows
+
+
+def _attributes(op: str, rng: np.random.Generator) -> dict[str, Any]:
+    f32 = lambda low, high: float(np.float32(rng.uniform(low, high)))  # noqa: E731
+    if op == "adagrad":
+        return {
+            "decay_factor": f32(0.05, 0.5),
+            "epsilon": f32(1e-7, 1e-3),
+            "norm_coefficient": f32(1e-3, 0.1),
+        }
+    if op == "adam":
+        return {
+            "alpha": f32(0.5, 0.99),
+            "beta": f32(0.9, 0.9999),
+            "epsilon": f32(1e-7, 1e-3),
+            "norm_coefficient": f32(1e-3, 0.1),
+            "norm_coefficient_post": f32(1e-3, 0.1),
+        }
+    return {
+        "alpha": f32(0.5, 0.99),
+        "beta": f32(0.1, 1.0),
+        "norm_coefficient": f32(1e-3, 0.1),
+        "mode": "nesterov" if op == "nesterov" else "standard",
+    }
+
+
+def _differential_rows(seed: int, rounds: int) -> list[Row]:
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    from onnx_optax.backend import run_node
+
+    state_groups = {"adagrad": "H", "adam": "VH", "momentum": "V", "nesterov": "V"}
+    op_types = {
+        "adagrad": "Adagrad",
+        "adam": "Adam",
+        "momentum": "Momentum",
+        "nesterov": "Momentum",
+    }
+    rng = np.random.default_rng(seed)
+    rows = []
+    for op, groups in state_groups.items():
+        for dtype in ("float32", "float64"):
+            for _ in range(rounds):
+                n = int(rng.integers(2, 5))
+                T = int(rng.choice([1, 2, 7, 100, 1000]))
+                shapes = [tuple(rng.integers(1, 6, size=rng.integers(0, 4))) for _ in range(n)]
+                attributes = _attributes(op, rng)
+                names = [f"{g}{i}" for g in ("X", "G", *groups) for i in range(n)]
+                outputs = [f"{g}{i}_new" for g in ("X", *groups) for i in range(n)]
+                node = helper.make_node(
+                    op_types[op], ["R", "T", *names], outputs, domain=DOMAIN, **attributes
+                )
+                tensors = []
+                for g in ("X", "G", *groups):
+                    for s in shapes:
+                        value = rng.standard_normal(s)
+                        tensors.append((np.abs(value) if g == "H" else value).astype(dtype))
+                R = np.asarray(rng.uniform(0.01, 0.5), dtype)
+                feeds = [R, np.int64(T), *tensors]
+                reference = ReferenceEvaluator(node).run(
+                    None, dict(zip(["R", "T", *names], feeds, strict=True))
+                )
+                ours = list(run_node(node, feeds))
+                # onnx.reference evaluates Adam's attribute terms in float32 (and casts
+                # multi-tensor outputs to float32): compare Adam at float32 precision.
+                precision = "float32" if op == "adam" else dtype
+                eps = float(np.finfo(precision).eps)
+                scale = max(float(np.max(np.abs(t))) for t in tensors)
+                rtol, atol = 16 * eps, 16 * eps * max(scale, 1.0)
+                max_abs, max_rel, passed = _errors(ours, reference, rtol, atol)
+                passed &= all(np.asarray(o).dtype == np.dtype(dtype) for o in ours)
+                rows.append(
+                    Row(
+                        f"onnx.reference {op} n={n} T={T}",
+                        dtype,
+                        max_abs,
+                        max_rel,
+                        f"16 ulp({precision})",
+                        passed,
+                    )
+                )
+    return rows
+
+
+def run_conformance(seed: int = 0, rounds: int = 3) -> int:
+    """Prints the conformance table; returns 0 if every case passes, else 1."""
+    jax.config.update("jax_enable_x64", True)  # float64 cases need it; float32 stays float32
+    devices = ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())
+    print(f"onnx_optax conformance on {devices}; jax {jax.__version__}")
+    rows = _node_case_rows() + _differential_rows(seed, rounds)
+    header = (
+        f"{'case':<40} {'dtype':<8} {'max abs err':>12} {'max rel err':>12}  "
+        f"{'tolerance':<24} result"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row.case:<40} {row.dtype:<8} {row.max_abs:>12.3e} {row.max_rel:>12.3e}  "
+            f"{row.tolerance:<24} {'pass' if row.passed else 'FAIL'}"
+        )
+    failed = sum(not row.passed for row in rows)
+    if failed:
+        print(f"{failed} of {len(rows)} cases FAIL")
+        return 1
+    print(f"all {len(rows)} cases pass")
+    return 0
