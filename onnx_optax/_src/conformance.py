@@ -65,7 +65,7 @@ def _node_case_rows() -> list[Row]:
         cases = {c.name: c for c in collect_testcases(None) if c.name in NODE_CASES}
     rows = []
     for name in NODE_CASES:
-        case = cases[name]
+        case: Any = cases[name]
         (node,) = case.model.graph.node
         for inputs, expected in case.data_sets:
             ours = list(run_node(node, inputs))
@@ -142,7 +142,7 @@ def _differential_rows(seed: int, rounds: int) -> list[Row]:
                         tensors.append((np.abs(value) if g == "H" else value).astype(dtype))
                 R = np.asarray(rng.uniform(0.01, 0.5), dtype)
                 feeds = [R, np.int64(T), *tensors]
-                reference = ReferenceEvaluator(node).run(
+                reference: Any = ReferenceEvaluator(node).run(
                     None, dict(zip(["R", "T", *names], feeds, strict=True))
                 )
                 ours = list(run_node(node, feeds))
