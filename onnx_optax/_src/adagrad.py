@@ -43,8 +43,9 @@ def adagrad_step(
 ) -> tuple[jax.Array, jax.Array]:
     """One tensor's Adagrad step: returns ``(step, H_new)`` with ``X_new = X - step``.
 
-    ``x`` is ``None`` when ``norm_coefficient`` is known to be zero and the
-    parameters are not read; then ``G_regularized = G``.
+    ``x`` is ``None`` when ``norm_coefficient`` is known to be zero: the term
+    ``norm_coefficient * X`` is then left out (``G_regularized = G``), so X is
+    not read; this differs from adding ``0 * X`` only where X is Inf or NaN.
     """
     g_regularized = g if x is None else norm_coefficient * x + g
     h_new = h + g_regularized * g_regularized
@@ -234,7 +235,7 @@ def _adagrad_op(
     for x, g, h in zip(xs, gs, hs, strict=True):
         x_c = x.astype(dtype)
         step, h_new = adagrad_step(
-            x_c,
+            x_c if norm_coefficient else None,
             g.astype(dtype),
             h.astype(dtype),
             r,

@@ -68,8 +68,9 @@ def adam_step(
     """One tensor's Adam step before the post-update decay.
 
     Returns ``(step, V_new, H_new)`` with ``X_new = X - step``. ``x`` is ``None``
-    when ``norm_coefficient`` is known to be zero and the parameters were not
-    given; then ``G_regularized = G``.
+    when ``norm_coefficient`` is known to be zero: the term
+    ``norm_coefficient * X`` is then left out (``G_regularized = G``), so X is
+    not read; this differs from adding ``0 * X`` only where X is Inf or NaN.
     """
     g_regularized = g if x is None else norm_coefficient * x + g
     v_new = alpha * v + (1 - alpha) * g_regularized
@@ -285,7 +286,7 @@ def _adam_op(
     for x, g, v, h in zip(xs, gs, vs, hs, strict=True):
         x_c = x.astype(dtype)
         step, v_new, h_new = adam_step(
-            x_c,
+            x_c if norm_coefficient else None,
             g.astype(dtype),
             v.astype(dtype),
             h.astype(dtype),

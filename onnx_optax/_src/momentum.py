@@ -56,8 +56,9 @@ def momentum_step(
 ) -> tuple[jax.Array, jax.Array]:
     """One tensor's momentum step: returns ``(step, V_new)`` with ``X_new = X - step``.
 
-    ``x`` is ``None`` when ``norm_coefficient`` is known to be zero and the
-    parameters are not read; then ``G_regularized = G``.
+    ``x`` is ``None`` when ``norm_coefficient`` is known to be zero: the term
+    ``norm_coefficient * X`` is then left out (``G_regularized = G``), so X is
+    not read; this differs from adding ``0 * X`` only where X is Inf or NaN.
     """
     g_regularized = g if x is None else norm_coefficient * x + g
     v_new = alpha * v + beta_adjusted * g_regularized
@@ -304,7 +305,7 @@ def _momentum_op(
     for x, g, v in zip(xs, gs, vs, strict=True):
         x_c = x.astype(dtype)
         step, v_new = momentum_step(
-            x_c,
+            x_c if norm_coefficient else None,
             g.astype(dtype),
             v.astype(dtype),
             R_,
