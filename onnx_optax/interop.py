@@ -55,6 +55,7 @@ from onnx_optax._src.onnx_nodes import (
     make_node,
     read_node,
 )
+from onnx_optax._src.tree import PackedTree
 
 __all__ = [
     "DOMAIN",
@@ -284,6 +285,8 @@ def to_model(
     treedef: Any = jax.tree.structure(params)
     for group in operator.state_groups:
         tree = getattr(state, group.lower())
+        if isinstance(tree, PackedTree):
+            tree = tree.unpack()
         if jax.tree.structure(tree) != treedef:
             raise ValueError(f"state.{group.lower()} is not shaped like params")
         for name, leaf, value in zip(names, leaves, jax.tree.leaves(tree), strict=True):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from onnx_optax._src import base
+from onnx_optax._src import base, tree
 
 _ATTRIBUTES = ("alpha", "beta", "mode", "norm_coefficient")
 MODES = ("standard", "nesterov")
@@ -38,35 +38,39 @@ def _check(where: str, hyperparameters: dict[str, Any]) -> None:
         base.check_hyperparameter(where, name, hyperparameters[name])
 
 
+# ------------------------------------------------------------------ the formula
+
+
 def adjusted_beta(T: jax.Array, beta: jax.Array) -> jax.Array:
     """``beta_adjusted = T > 0 ? beta : 1``."""
     return jnp.where(T > 0, beta, jnp.ones_like(beta))
 
 
+def momentum_velocity(
+    g_regularized: jax.Array, v: jax.Array, beta_adjusted: jax.Array, *, alpha: jax.Array
+) -> jax.Array:
+    """``V_new = alpha * V + beta_adjusted * G_r``."""
+    return alpha * v + beta_adjusted * g_regularized
+
+
 def momentum_step(
-    x: jax.Array | None,
-    g: jax.Array,
-    v: jax.Array,
+    g_regularized: jax.Array,
+    v_new: jax.Array,
     R: jax.Array,
-    beta_adjusted: jax.Array,
     *,
     alpha: jax.Array,
-    norm_coefficient: jax.Array,
     nesterov: bool,
-) -> tuple[jax.Array, jax.Array]:
-    """One tensor's momentum step: returns ``(step, V_new)`` with ``X_new = X - step``.
+) -> jax.Array:
+    """``R * V_new`` (standard) or ``R * (G_r + alpha * V_new)`` (Nesterov).
 
-    ``x`` is ``None`` when ``norm_coefficient`` is known to be zero: the term
-    ``norm_coefficient * X`` is then left out (``G_regularized = G``), so X is
-    not read; this differs from adding ``0 * X`` only where X is Inf or NaN.
+    ``X_new = X - step``.
     """
-    g_regularized = g if x is None else norm_coefficient * x + g
-    v_new = alpha * v + beta_adjusted * g_regularized
     if nesterov:
-        step = R * (g_regularized + alpha * v_new)
-    else:
-        step = R * v_new
-    return step, v_new
+        return R * (g_regularized + alpha * v_new)
+    return R * v_new
+
+
+# ----------------------------------------------------------- the transformation
 
 
 def momentum(
@@ -78,6 +82,7 @@ def momentum(
     mode: Literal["standard", "nesterov"] = "standard",
     initial_count: int = 0,
     accumulator_dtype: Any | None = None,
+    pack_leaves_below: int = 0,
 ) -> optax.GradientTransformationExtraArgs:
     r"""ONNX Momentum (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
@@ -117,6 +122,10 @@ def momentum(
       mode: ``"standard"`` or ``"nesterov"``; any other value is an error.
       initial_count: the T used by the first update (default 0, as ONNX says).
       accumulator_dtype: dtype of V (default: the parameters' dtype).
+      pack_leaves_below: if > 0, V of parameters with fewer elements is packed
+        into one flat buffer per dtype (a :class:`~onnx_optax.PackedTree`, read per
+        parameter with ``.unpack()``): much faster for many small leaves, same
+        numbers. Not for parameters sharded across devices.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -145,13 +154,14 @@ def momentum(
     base.check_learning_rate(where, learning_rate)
     base.check_initial_count(where, initial_count)
     state_dtype = base.check_accumulator_dtype(where, accumulator_dtype)
+    packing = tree.check_pack_leaves_below(where, pack_leaves_below)
     reads_params = not base.is_static_zero(norm_coefficient)
     nesterov = mode == "nesterov"
 
     def init_fn(params: base.PyTree) -> MomentumState:
         return MomentumState(
             count=base.initial_count_array(initial_count),
-            v=base.init_accumulators(where, params, state_dtype, 0.0),
+            v=tree.init_state(where, params, state_dtype, 0.0, packing or 0),
         )
 
     def update_fn(
@@ -193,6 +203,7 @@ def nesterov(
     norm_coefficient: float,
     initial_count: int = 0,
     accumulator_dtype: Any | None = None,
+    pack_leaves_below: int = 0,
 ) -> optax.GradientTransformationExtraArgs:
     r"""ONNX Momentum with ``mode="nesterov"``: :func:`momentum` with that mode.
 
@@ -207,6 +218,7 @@ def nesterov(
       norm_coefficient: L2 coefficient.
       initial_count: the T used by the first update (default 0).
       accumulator_dtype: dtype of V (default: the parameters' dtype).
+      pack_leaves_below: see :func:`momentum`.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -231,6 +243,7 @@ def nesterov(
         mode="nesterov",
         initial_count=initial_count,
         accumulator_dtype=accumulator_dtype,
+        pack_leaves_below=pack_leaves_below,
     )
 
 
@@ -249,32 +262,26 @@ def _momentum_update(
     """The transformation's update, compiled (eager calls round like jitted ones)."""
     R = base.learning_rate_at(schedule, rate, state.count)
 
-    @base.per_dtype
+    @tree.per_dtype
     def scalars(dtype: jnp.dtype) -> dict[str, jax.Array]:
         cast = {name: base.as_dtype(value, dtype) for name, value in hyperparameters.items()}
         cast["R"] = base.as_dtype(R, dtype)
         cast["beta_adjusted"] = adjusted_beta(state.count, cast["beta"])
         return cast
 
-    def leaf(
-        dtype: jnp.dtype, g: jax.Array, x: jax.Array | None, v: jax.Array
-    ) -> tuple[jax.Array, ...]:
+    def new_state(dtype: jnp.dtype, g_r: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
         s = scalars(dtype)
-        step, v_new = momentum_step(
-            x,
-            g,
-            v,
-            s["R"],
-            s["beta_adjusted"],
-            alpha=s["alpha"],
-            norm_coefficient=s["norm_coefficient"],
-            nesterov=nesterov,
-        )
-        return -step, v_new
+        return (momentum_velocity(g_r, v, s["beta_adjusted"], alpha=s["alpha"]),)
 
-    new_updates, (v,) = base.apply_leafwise(
+    def update(
+        dtype: jnp.dtype, g_r: jax.Array, x: jax.Array | None, v_new: jax.Array
+    ) -> jax.Array:
+        s = scalars(dtype)
+        return -momentum_step(g_r, v_new, s["R"], alpha=s["alpha"], nesterov=nesterov)
+
+    new_updates, (v,) = tree.apply_formula(
         "onnx_optax.nesterov" if nesterov else "onnx_optax.momentum",
-        leaf,
+        tree.Formula(lambda dtype: scalars(dtype)["norm_coefficient"], new_state, update),
         updates,
         params,
         [("v", state.v)],
@@ -283,6 +290,9 @@ def _momentum_update(
         "formula reads X",
     )
     return new_updates, MomentumState(count=optax.safe_increment(state.count), v=v)
+
+
+# ----------------------------------------------------------------------- the op
 
 
 @functools.partial(jax.jit, static_argnames=_ATTRIBUTES)
@@ -300,20 +310,18 @@ def _momentum_op(
 ) -> tuple[jax.Array, ...]:
     dtype = base.compute_dtype(xs[0].dtype)
     R_ = base.as_dtype(R, dtype)
+    alpha_ = base.as_dtype(alpha, dtype)
     beta_adjusted = adjusted_beta(T, base.as_dtype(beta, dtype))
     x_out, v_out = [], []
     for x, g, v in zip(xs, gs, vs, strict=True):
         x_c = x.astype(dtype)
-        step, v_new = momentum_step(
-            x_c if norm_coefficient else None,
+        g_r = tree.regularized_gradient(
             g.astype(dtype),
-            v.astype(dtype),
-            R_,
-            beta_adjusted,
-            alpha=base.as_dtype(alpha, dtype),
-            norm_coefficient=base.as_dtype(norm_coefficient, dtype),
-            nesterov=mode == "nesterov",
+            x_c if norm_coefficient else None,
+            base.as_dtype(norm_coefficient, dtype),
         )
+        v_new = momentum_velocity(g_r, v.astype(dtype), beta_adjusted, alpha=alpha_)
+        step = momentum_step(g_r, v_new, R_, alpha=alpha_, nesterov=mode == "nesterov")
         x_out.append((x_c - step).astype(x.dtype))
         v_out.append(v_new.astype(x.dtype))
     return (*x_out, *v_out)
