@@ -1,4 +1,4 @@
-"""The ``onnx-optax`` command line: ``demo`` and ``conformance``."""
+"""The ``onnx-optax`` command line: ``demo``, ``conformance`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def _conformance(args: argparse.Namespace) -> int:
     from onnx_optax._src.conformance import run_conformance
 
     return run_conformance(seed=args.seed, rounds=args.rounds)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from onnx_optax._src.bench import run_bench
+
+    return run_bench(
+        quick=args.quick, markdown=args.markdown, plot=args.plot, slow=not args.no_slow
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="random cases per operator and dtype (default: 3)",
     )
     conformance.set_defaults(run=_conformance)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time optimizer steps against optax, torch, onnx.reference and the memory roofline",
+        description="Time one step of adagrad, adam, momentum and nesterov on large tensors, a "
+        "model-shaped pytree, many small leaves and bfloat16 parameters: onnx_optax's "
+        "transformation and op, optax's nearest built-in, torch.optim with foreach (if "
+        "installed) and the onnx.reference formulas (if onnx is installed), against a jitted "
+        "triad that measures the memory bandwidth. Prints a table of medians and ratios.",
+    )
+    bench.add_argument("--quick", action="store_true", help="small sizes, a minute or less")
+    bench.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")
+    bench.add_argument(
+        "--plot", metavar="PATH", help="also time Adam from 1e3 to 6.4e7 elements; write a PNG"
+    )
+    bench.add_argument("--no-slow", action="store_true", help="skip torch.optim and onnx.reference")
+    bench.set_defaults(run=_bench)
     return parser
 
 

@@ -239,13 +239,16 @@ def _adagrad_op(
     x_out, h_out = [], []
     for x, g, h in zip(xs, gs, hs, strict=True):
         x_c = x.astype(dtype)
-        g_r = tree.regularized_gradient(
-            g.astype(dtype),
-            x_c if norm_coefficient else None,
-            base.as_dtype(norm_coefficient, dtype),
-        )
+        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
+        x_r = x_c if norm_coefficient else None
+        g_r = tree.regularized_gradient(g_c, x_r, nc)
         h_new = adagrad_accumulate(g_r, h.astype(dtype))
-        step = adagrad_step(g_r, h_new, r, epsilon=base.as_dtype(epsilon, dtype))
+        step = adagrad_step(
+            tree.regularized_gradient(g_c, x_r, nc, for_step=True),
+            h_new,
+            r,
+            epsilon=base.as_dtype(epsilon, dtype),
+        )
         x_out.append((x_c - step).astype(x.dtype))
         h_out.append(h_new.astype(x.dtype))
     return (*x_out, *h_out)

@@ -284,11 +284,9 @@ def _adam_op(
     x_out, v_out, h_out = [], [], []
     for x, g, v, h in zip(xs, gs, vs, hs, strict=True):
         x_c = x.astype(dtype)
-        g_r = tree.regularized_gradient(
-            g.astype(dtype),
-            x_c if norm_coefficient else None,
-            base.as_dtype(norm_coefficient, dtype),
-        )
+        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
+        x_r = x_c if norm_coefficient else None
+        g_r = tree.regularized_gradient(g_c, x_r, nc)
         v_new, h_new = adam_moments(g_r, v.astype(dtype), h.astype(dtype), alpha=alpha_, beta=beta_)
         step = adam_step(v_new, h_new, r_adjusted, epsilon=base.as_dtype(epsilon, dtype))
         x_out.append(((1 - post) * (x_c - step)).astype(x.dtype))

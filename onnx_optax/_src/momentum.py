@@ -315,13 +315,17 @@ def _momentum_op(
     x_out, v_out = [], []
     for x, g, v in zip(xs, gs, vs, strict=True):
         x_c = x.astype(dtype)
-        g_r = tree.regularized_gradient(
-            g.astype(dtype),
-            x_c if norm_coefficient else None,
-            base.as_dtype(norm_coefficient, dtype),
-        )
+        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
+        x_r = x_c if norm_coefficient else None
+        g_r = tree.regularized_gradient(g_c, x_r, nc)
         v_new = momentum_velocity(g_r, v.astype(dtype), beta_adjusted, alpha=alpha_)
-        step = momentum_step(g_r, v_new, R_, alpha=alpha_, nesterov=mode == "nesterov")
+        step = momentum_step(
+            tree.regularized_gradient(g_c, x_r, nc, for_step=True),
+            v_new,
+            R_,
+            alpha=alpha_,
+            nesterov=mode == "nesterov",
+        )
         x_out.append((x_c - step).astype(x.dtype))
         v_out.append(v_new.astype(x.dtype))
     return (*x_out, *v_out)

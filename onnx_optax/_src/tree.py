@@ -27,14 +27,27 @@ from onnx_optax._src.base import Array, PyTree, as_dtype, compute_dtype
 # --------------------------------------------------------------------------
 
 
-def regularized_gradient(g: Array, x: Array | None, norm_coefficient: Array) -> Array:
+def regularized_gradient(
+    g: Array, x: Array | None, norm_coefficient: Array, *, for_step: bool = False
+) -> Array:
     """``G_regularized = norm_coefficient * X + G``; ``G`` when ``x`` is None.
 
     ``x`` is None when the coefficient is known to be zero: the term is then left
     out rather than computed as ``0 * X`` (which differs only where X is Inf or
     NaN), so X need not be read.
+
+    ``for_step=True`` writes the same value as ``G - (-norm_coefficient) * X``,
+    equal bit for bit (negation is exact and ``a - (-b)`` is ``a + b`` in IEEE
+    arithmetic, fused multiply-adds included). When both the new state and the
+    step read ``G_regularized``, XLA would otherwise compute it once into a
+    parameter-sized temporary buffer; written differently, each kernel
+    recomputes it from X and G, which costs no memory and less bandwidth.
     """
-    return g if x is None else norm_coefficient * x + g
+    if x is None:
+        return g
+    if for_step:
+        return g - (-norm_coefficient) * x
+    return norm_coefficient * x + g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,9 +272,11 @@ def _leaf_update(
 ) -> tuple[Array, list[Array]]:
     dtype = compute_dtype(g.dtype, *(s.dtype for s in state))
     x_c = None if x is None else x.astype(dtype)
-    g_r = regularized_gradient(g.astype(dtype), x_c, formula.norm_coefficient(dtype))
-    new = formula.new_state(dtype, g_r, *(s.astype(dtype) for s in state))
-    update = formula.update(dtype, g_r, x_c, *new)
+    g_c, nc = g.astype(dtype), formula.norm_coefficient(dtype)
+    new = formula.new_state(
+        dtype, regularized_gradient(g_c, x_c, nc), *(s.astype(dtype) for s in state)
+    )
+    update = formula.update(dtype, regularized_gradient(g_c, x_c, nc, for_step=True), x_c, *new)
     return update.astype(g.dtype), [n.astype(s.dtype) for n, s in zip(new, state, strict=True)]
 
 
@@ -390,7 +405,8 @@ def _apply_packed(
         for i in members:
             offset, size = layout.slots[i][1], layout.size(i)  # type: ignore[index]
             new = [n[offset : offset + size].reshape(layout.shapes[i]) for n in new_flat]
-            new_updates[i] = formula.update(dtype, g_r[i], x_c[i], *new).astype(grads[i].dtype)
+            g_step = regularized_gradient(grads[i].astype(dtype), x_c[i], nc, for_step=True)
+            new_updates[i] = formula.update(dtype, g_step, x_c[i], *new).astype(grads[i].dtype)
         for k, (n, s) in enumerate(zip(new_flat, buffers, strict=True)):
             new_buffers[k].append(n.astype(s.dtype))
     return jax.tree.unflatten(treedef, new_updates), [
