@@ -36,16 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="train a small model with each ONNX optimizer and print the losses",
-        description="Train a small classifier with onnx_optax's adagrad, adam, momentum and "
-        "nesterov and print the loss of each.",
+        help="train a Flax MLP on scikit-learn digits with each ONNX optimizer",
+        description="Train the same 64-64-10 Flax NNX MLP on scikit-learn's bundled digits "
+        "(nothing is downloaded) with onnx_optax's adagrad, adam, momentum and nesterov and "
+        "with optax's nearest built-ins; print the loss while training, then a table of test "
+        "accuracy, final loss and time a step, and write a PNG of the loss curves. Needs the "
+        "examples extra.",
     )
     demo.add_argument("--epochs", type=int, default=30, help="training epochs (default: 30)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the data split, init and batches (default: 0)"
+    )
     demo.add_argument(
         "--output",
-        default=None,
-        help="where to write a PNG of the loss curves (default: no plot)",
+        default="onnx-optax-demo.png",
+        help="PNG file for the loss curves (default: onnx-optax-demo.png); '' to skip",
     )
     demo.set_defaults(run=_demo)
 
