@@ -84,6 +84,13 @@ class OnnxOptaxBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        """Whether JAX sees a device of this ONNX kind ("CPU" or "CUDA", with ":id").
+
+        Example:
+          >>> from onnx_optax import backend
+          >>> backend.supports_device("CPU")
+          True
+        """
         try:
             _jax_device(device)
         except ValueError:
@@ -92,6 +99,14 @@ class OnnxOptaxBackend(Backend):
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> OnnxOptaxRep:
+        """Checks ``model`` and compiles its graph into one jitted function.
+
+        Every node is checked first (supported op, valid optimizer node, inputs
+        defined); the returned rep's ``run(inputs)`` takes the graph inputs that
+        are not initializers, as a list in order or a dict, and returns the
+        outputs by name and position. See :func:`onnx_optax.interop.step_model`
+        for an example.
+        """
         del kwargs
         if not isinstance(model, onnx.ModelProto):
             raise TypeError(f"prepare needs an onnx.ModelProto, got {type(model).__name__}")
@@ -107,6 +122,11 @@ class OnnxOptaxBackend(Backend):
         outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
         **kwargs: Any,
     ) -> tuple[Any, ...]:
+        """Runs one node on ``inputs`` (a list in the node's input order, or a dict).
+
+        The optimizer ops are jitted, so repeated calls with the same signature
+        reuse one compilation. See the module docstring for an example.
+        """
         del outputs_info, kwargs
         if not isinstance(node, onnx.NodeProto):
             raise TypeError(f"run_node needs an onnx.NodeProto, got {type(node).__name__}")

@@ -91,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``onnx-optax`` command."""
+    """Entry point of the ``onnx-optax`` command: ``demo``, ``conformance``, ``bench``.
+
+    Returns the process exit status (0 on success); ``onnx-optax COMMAND --help``
+    explains each command's options.
+    """
     args = build_parser().parse_args(argv)
     result: int = args.run(args)
     return result

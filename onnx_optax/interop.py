@@ -118,6 +118,15 @@ def from_node(
       UnsupportedOperatorError: for a node of another op or domain.
       ValueError: for an unknown or missing attribute, a bad mode, or input and
         output counts that do not fit the operator.
+
+    Example:
+      >>> from onnx import helper
+      >>> from onnx_optax import interop
+      >>> node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["X2", "H2"],
+      ...                         domain="ai.onnx.preview.training", decay_factor=0.1)
+      >>> tx = interop.from_node(node, learning_rate=0.01)
+      >>> tx.onnx_spec.attributes["decay_factor"], tx.onnx_spec.attributes["epsilon"]
+      (0.10000000149011612, 9.999999974752427e-07)
     """
     spec = read_node(node)
     return _transformation(
@@ -172,6 +181,16 @@ def to_node(transformation: Any, names: Sequence[str], *, node_name: str = "") -
     Inputs are ``R, T, <name>.., <name>.grad.., <name>.<state>..`` and outputs
     ``<name>.new.., <name>.<state>.new..`` in ONNX order; attribute values are
     stored as float32, the ONNX attribute type.
+
+    Example:
+      >>> import onnx_optax
+      >>> from onnx_optax import interop
+      >>> node = interop.to_node(onnx_optax.nesterov(0.1, alpha=0.9, beta=1.0,
+      ...                                              norm_coefficient=0.0), ["w", "b"])
+      >>> node.op_type, list(node.input)
+      ('Momentum', ['R', 'T', 'w', 'b', 'w.grad', 'b.grad', 'w.v', 'b.v'])
+      >>> list(node.output)
+      ['w.new', 'b.new', 'w.v.new', 'b.v.new']
     """
     spec = _spec_of(transformation)
     node: onnx.NodeProto = make_node(
@@ -208,6 +227,17 @@ def step_model(transformation: Any, params: Any) -> onnx.ModelProto:
     ONNX order, typed and shaped like ``params`` (arrays or
     ``jax.ShapeDtypeStruct``). It passes ``onnx.checker.check_model`` and runs on
     ``onnx.reference.ReferenceEvaluator`` and :mod:`onnx_optax.backend`.
+
+    Example:
+      >>> import numpy as np, onnx_optax
+      >>> from onnx_optax import backend, interop
+      >>> model = interop.step_model(onnx_optax.adagrad(0.1), {"w": np.zeros(2, np.float32)})
+      >>> [i.name for i in model.graph.input]
+      ['R', 'T', 'w', 'w.grad', 'w.h']
+      >>> zeros, g = np.zeros(2, np.float32), np.array([3.0, -4.0], np.float32)
+      >>> w_new, h_new = backend.prepare(model).run([np.float32(0.1), np.int64(0), zeros, g, zeros])
+      >>> print(np.round(w_new, 4), h_new)
+      [-0.1  0.1] [ 9. 16.]
     """
     names, leaves, _ = _names(params)
     node = to_node(transformation, names)
@@ -267,6 +297,15 @@ def to_model(
       state: the transformation's state for ``params``.
       learning_rate: R to store (default: the transformation's, unless it is a
         schedule).
+
+    Example:
+      >>> import jax.numpy as jnp, onnx_optax
+      >>> from onnx_optax import interop
+      >>> tx = onnx_optax.momentum(0.1, alpha=0.9, beta=0.1, norm_coefficient=0.0)
+      >>> params = {"w": jnp.ones(3)}
+      >>> model = interop.to_model(tx, params, tx.init(params))
+      >>> [n.op_type for n in model.training_info[0].algorithm.node]
+      ['Momentum', 'Constant', 'Add']
     """
     spec = _spec_of(transformation)
     operator = OPERATORS[spec.op_type]
@@ -435,6 +474,15 @@ def from_model(
 
     Returns:
       An :class:`ImportedModel`.
+
+    Example:
+      >>> import jax.numpy as jnp, onnx_optax
+      >>> from onnx_optax import interop
+      >>> tx = onnx_optax.adagrad(0.1, decay_factor=0.5)
+      >>> params = {"w": jnp.ones(3)}
+      >>> imported = interop.from_model(interop.to_model(tx, params, tx.init(params)))
+      >>> imported.T, imported.R, imported.update_binding
+      (0, 0.10000000149011612, {'w': 'w.new', 'w.h': 'w.h.new', 'T': 'T.new'})
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"from_model needs an onnx.ModelProto, got {type(model).__name__}")
@@ -565,5 +613,6 @@ def _check_bindings(
 
 
 def describe_optimizer(node: OptimizerNode) -> str:
+    """How errors name a read optimizer node."""
     name = f"'{node.name}' " if node.name else ""
     return f"node {name}({DOMAIN}.{node.operator.op_type})"

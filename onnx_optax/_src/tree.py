@@ -122,6 +122,18 @@ class PackedTree:
     arrays instead of one per parameter. Read it per parameter with
     :meth:`unpack` (the parameters' tree of arrays) or by indexing like that
     tree (``state.v["layer"]["w"]``).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, onnx_optax
+      >>> tx = onnx_optax.adam(0.1, pack_leaves_below=1000)
+      >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+      >>> state = tx.init(params)
+      >>> state.v
+      PackedTree(2 leaves; packed buffers of sizes [8], 0 own arrays)
+      >>> [leaf.shape for leaf in jax.tree.leaves(state.v)]
+      [(8,)]
+      >>> state.v["w"].shape
+      (3, 2)
     """
 
     def __init__(self, layout: PackedLayout, buffers: Sequence[Any], own: Sequence[Any]) -> None:
