@@ -48,15 +48,22 @@ __all__ = [
 
 
 def _jax_device(device: str) -> jax.Device:
-    kind = Device(device).type
-    platform = "gpu" if kind == DeviceType.CUDA else "cpu"
+    try:
+        parsed = Device(device)
+    except (AttributeError, ValueError, TypeError):
+        raise ValueError(
+            f"unknown device {device!r}; ONNX backends name 'CPU' or 'CUDA', optionally ':id'"
+        ) from None
+    platform = "gpu" if parsed.type == DeviceType.CUDA else "cpu"
     try:
         devices = jax.devices(platform)
     except RuntimeError:
         devices = []
     if not devices:
         raise ValueError(f"device {device!r}: JAX sees no {platform} device")
-    return devices[Device(device).device_id if Device(device).device_id < len(devices) else 0]
+    if parsed.device_id >= len(devices):
+        raise ValueError(f"device {device!r}: JAX sees {len(devices)} {platform} device(s)")
+    return devices[parsed.device_id]
 
 
 class OnnxOptaxRep(BackendRep):

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import jax
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property-based tests: a fixed, derandomized profile for CI, and a long one to run
+# by hand on a new device or JAX version: HYPOTHESIS_PROFILE=long pytest tests/test_properties.py
+settings.register_profile(
+    "ci",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "long",
+    max_examples=1500,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,6 +7,13 @@ float64 and T is a Python int, so the only rounding is float64's.
 
 Each function handles one tensor; the multi-tensor case of the operators
 applies the same formula to each tensor independently.
+
+``dtype`` (float64 by default) selects the precision of the arithmetic: the
+extreme-value tests evaluate the formula in the tensors' own precision, where
+float32 overflows (1e30 ** 2 is inf) as any float32 implementation must.
+``flush_subnormals=True`` also reads subnormal numbers as zero and writes
+subnormal results as zero, after every operation, which is how XLA evaluates
+floating point on CPU and GPU (flush-to-zero, denormals-are-zero).
 """
 
 from __future__ import annotations
@@ -16,8 +23,33 @@ import numpy as np
 F64 = np.float64
 
 
-def _f64(*arrays: object) -> list[np.ndarray]:
-    return [np.asarray(a, dtype=F64) for a in arrays]
+def flush(array: np.ndarray) -> np.ndarray:
+    """Subnormal numbers replaced by zeros of the same sign."""
+    array = np.asarray(array)
+    if not np.issubdtype(array.dtype, np.floating):
+        return array
+    tiny = np.finfo(array.dtype).tiny
+    return np.where(np.abs(array) < tiny, np.copysign(np.zeros_like(array), array), array)
+
+
+class FlushToZero(np.ndarray):
+    """An array whose arithmetic reads and writes subnormal numbers as zeros."""
+
+    def __array_ufunc__(
+        self, ufunc: np.ufunc, method: str, *inputs: object, **kwargs: object
+    ) -> object:
+        plain = [
+            flush(np.asarray(i)) if isinstance(i, np.ndarray | np.generic) else i for i in inputs
+        ]
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        return flush(result).view(FlushToZero)
+
+
+def _as(dtype: type, *arrays: object, flush_subnormals: bool = False) -> list[np.ndarray]:
+    converted = [np.asarray(a, dtype=dtype) for a in arrays]
+    if flush_subnormals:
+        return [flush(a).view(FlushToZero) for a in converted]
+    return converted
 
 
 def adagrad(
@@ -30,15 +62,17 @@ def adagrad(
     decay_factor: float,
     epsilon: float,
     norm_coefficient: float,
+    dtype: type = F64,
+    flush_subnormals: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ONNX Adagrad: returns ``(X_new, H_new)``."""
-    x, g, h = _f64(x, g, h)
-    r_decayed = F64(r) / (1.0 + int(t) * F64(decay_factor))
-    g_regularized = F64(norm_coefficient) * x + g
+    x, g, h = _as(dtype, x, g, h, flush_subnormals=flush_subnormals)
+    r_decayed = dtype(r) / (dtype(1.0) + dtype(int(t)) * dtype(decay_factor))
+    g_regularized = dtype(norm_coefficient) * x + g
     h_new = h + g_regularized * g_regularized
-    h_adaptive = np.sqrt(h_new) + F64(epsilon)
+    h_adaptive = np.sqrt(h_new) + dtype(epsilon)
     x_new = x - r_decayed * g_regularized / h_adaptive
-    return x_new, h_new
+    return np.asarray(x_new), np.asarray(h_new)
 
 
 def adam(
@@ -54,23 +88,28 @@ def adam(
     epsilon: float,
     norm_coefficient: float,
     norm_coefficient_post: float,
+    dtype: type = F64,
+    flush_subnormals: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX Adam: returns ``(X_final, V_new, H_new)``."""
-    x, g, v, h = _f64(x, g, v, h)
-    alpha, beta = F64(alpha), F64(beta)
-    g_regularized = F64(norm_coefficient) * x + g
-    v_new = alpha * v + (1.0 - alpha) * g_regularized
-    h_new = beta * h + (1.0 - beta) * g_regularized * g_regularized
-    h_sqrt = np.sqrt(h_new) + F64(epsilon)
+    x, g, v, h = _as(dtype, x, g, v, h, flush_subnormals=flush_subnormals)
+    one = dtype(1.0)
+    alpha, beta = dtype(alpha), dtype(beta)
+    g_regularized = dtype(norm_coefficient) * x + g
+    v_new = alpha * v + (one - alpha) * g_regularized
+    h_new = beta * h + (one - beta) * g_regularized * g_regularized
+    h_sqrt = np.sqrt(h_new) + dtype(epsilon)
     t = int(t)
     if t > 0:
+        # The powers in float64 whatever dtype is: the bias factor is a scalar.
         with np.errstate(divide="ignore", invalid="ignore"):
-            r_adjusted = F64(r) * np.sqrt(1.0 - beta**t) / (1.0 - alpha**t)
+            factor = np.sqrt(1.0 - F64(beta) ** t) / (1.0 - F64(alpha) ** t)
+            r_adjusted = dtype(F64(r) * factor)
     else:
-        r_adjusted = F64(r)
+        r_adjusted = dtype(r)
     x_new = x - r_adjusted * v_new / h_sqrt
-    x_final = (1.0 - F64(norm_coefficient_post)) * x_new
-    return x_final, v_new, h_new
+    x_final = (one - dtype(norm_coefficient_post)) * x_new
+    return np.asarray(x_final), np.asarray(v_new), np.asarray(h_new)
 
 
 def momentum(
@@ -84,17 +123,19 @@ def momentum(
     beta: float,
     norm_coefficient: float,
     mode: str,
+    dtype: type = F64,
+    flush_subnormals: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ONNX Momentum, ``mode`` "standard" or "nesterov": returns ``(X_new, V_new)``."""
     if mode not in ("standard", "nesterov"):
         raise ValueError(mode)
-    x, g, v = _f64(x, g, v)
-    alpha = F64(alpha)
-    g_regularized = F64(norm_coefficient) * x + g
-    beta_adjusted = F64(beta) if int(t) > 0 else F64(1.0)
+    x, g, v = _as(dtype, x, g, v, flush_subnormals=flush_subnormals)
+    alpha = dtype(alpha)
+    g_regularized = dtype(norm_coefficient) * x + g
+    beta_adjusted = dtype(beta) if int(t) > 0 else dtype(1.0)
     v_new = alpha * v + beta_adjusted * g_regularized
     if mode == "standard":
-        x_new = x - F64(r) * v_new
+        x_new = x - dtype(r) * v_new
     else:
-        x_new = x - F64(r) * (g_regularized + alpha * v_new)
-    return x_new, v_new
+        x_new = x - dtype(r) * (g_regularized + alpha * v_new)
+    return np.asarray(x_new), np.asarray(v_new)

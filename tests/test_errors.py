@@ -433,3 +433,303 @@ def test_traced_norm_coefficient_needs_params() -> None:
     _raises(lambda: jax.jit(tx.update)(GRADS, state), ValueError, r"needs the parameters")
     updates, _ = jax.jit(tx.update)(GRADS, state, PARAMS)
     assert jax.tree.structure(updates) == jax.tree.structure(PARAMS)
+
+
+# ----------------------------------------------------------------------------
+# Adversarial use of every other public entry point: wrong types, wrong trees,
+# wrong counts. Each row: (label, call, exception, pattern).
+# ----------------------------------------------------------------------------
+
+ADAM = onnx_optax.adam(0.1)
+ADAM_STATE = ADAM.init(PARAMS)
+
+ENTRY_POINT_CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+    (
+        "learning rate None",
+        lambda: onnx_optax.adam(None),
+        TypeError,
+        r"learning_rate must be a real number",
+    ),
+    (
+        "learning rate list",
+        lambda: onnx_optax.adagrad([0.1]),
+        TypeError,
+        r"learning_rate must be a real number",
+    ),
+    (
+        "learning rate bool",
+        lambda: onnx_optax.adam(True),
+        TypeError,
+        r"learning_rate must be a real number",
+    ),
+    (
+        "alpha string",
+        lambda: onnx_optax.momentum(0.1, alpha="0.9", beta=1.0, norm_coefficient=0.0),
+        TypeError,
+        r"alpha must be a real number",
+    ),
+    (
+        "initial_count bool",
+        lambda: onnx_optax.adam(0.1, initial_count=True),
+        TypeError,
+        r"initial_count must be an integer",
+    ),
+    (
+        "accumulator dtype object",
+        lambda: onnx_optax.adam(0.1, accumulator_dtype=object),
+        TypeError,
+        r"accumulator_dtype must be a floating dtype",
+    ),
+    (
+        "pack_leaves_below string",
+        lambda: onnx_optax.adam(0.1, pack_leaves_below="10"),
+        TypeError,
+        r"pack_leaves_below must be an integer",
+    ),
+    (
+        "nesterov given a mode",
+        lambda: onnx_optax.nesterov(
+            0.1, alpha=0.9, beta=1.0, norm_coefficient=0.0, mode="standard"
+        ),
+        TypeError,
+        r"unexpected keyword argument 'mode'",
+    ),
+    (
+        "init with a string",
+        lambda: ADAM.init("params"),
+        TypeError,
+        r"params is a str, not an array",
+    ),
+    (
+        "init with Python numbers",
+        lambda: ADAM.init({"w": [1.0, 2.0]}),
+        TypeError,
+        r"params\['w'\]\[0\] is a float, not an array",
+    ),
+    (
+        "update with state None",
+        lambda: ADAM.update(PARAMS, None),
+        TypeError,
+        r"state must be an AdamState, got NoneType",
+    ),
+    (
+        "update with a tuple state",
+        lambda: ADAM.update(PARAMS, tuple(ADAM_STATE)),
+        TypeError,
+        r"state must be an AdamState, got tuple",
+    ),
+    (
+        "update with updates None",
+        lambda: ADAM.update(None, ADAM_STATE),
+        ValueError,
+        r"different tree structures",
+    ),
+    (
+        "update with a list of the leaves",
+        lambda: ADAM.update(jax.tree.leaves(PARAMS), ADAM_STATE),
+        ValueError,
+        r"different tree structures",
+    ),
+    (
+        "update with string leaves",
+        lambda: ADAM.update({"b": "x", "w": "y"}, ADAM_STATE),
+        TypeError,
+        r"updates\['b'\] must be a floating-point array, got str",
+    ),
+    (
+        "op: R None",
+        lambda: ops.adam(None, 0, X, X, X, X),
+        TypeError,
+        r"input R must be a tensor, got NoneType",
+    ),
+    ("op: T None", lambda: ops.adam(R, None, X, X, X, X), TypeError, r"input T must be an integer"),
+    (
+        "op: T string",
+        lambda: ops.adam(R, "1", X, X, X, X),
+        TypeError,
+        r"input T must be an integer",
+    ),
+    (
+        "op: a dict as a tensor",
+        lambda: ops.adagrad(R, 0, {"x": X}, X, X),
+        TypeError,
+        r"input X must be a tensor",
+    ),
+    (
+        "op: mode bytes",
+        lambda: ops.momentum(R, 0, X, X, X, **{**MOMENTUM, "mode": b"standard"}),
+        TypeError,
+        r"mode must be the string",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "call", "error", "pattern"), ENTRY_POINT_CASES, ids=[c[0] for c in ENTRY_POINT_CASES]
+)
+def test_entry_point_bad_input(
+    label: str, call: Callable[[], Any], error: type[Exception], pattern: str
+) -> None:
+    _raises(call, error, pattern)
+
+
+def _onnx_cases() -> list[tuple[str, Callable[[], Any], type[Exception], str]]:
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+
+    from onnx_optax import backend, interop
+
+    node = helper.make_node(
+        "Adagrad",
+        ["R", "T", "X", "G", "H"],
+        ["Y", "H2"],
+        domain="ai.onnx.preview.training",
+        name="opt",
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3])
+            for n in ("R", "T", "X", "G", "H")
+        ],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in ("Y", "H2")],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 21),
+            helper.make_opsetid("ai.onnx.preview.training", 1),
+        ],
+    )
+    feeds = [R, np.int64(0), X, X, X]
+    return [
+        (
+            "run_node: not a node",
+            lambda: backend.run_node("Adagrad", feeds),
+            TypeError,
+            r"run_node needs an onnx.NodeProto, got str",
+        ),
+        (
+            "run_node: too few inputs",
+            lambda: backend.run_node(node, feeds[:4]),
+            ValueError,
+            r"node has 5 inputs, got 4 values",
+        ),
+        (
+            "run_node: T a float",
+            lambda: backend.run_node(node, [R, np.float32(0), X, X, X]),
+            TypeError,
+            r"node 'opt' .*T must be an integer",
+        ),
+        (
+            "prepare: not a model",
+            lambda: backend.prepare(graph),
+            TypeError,
+            r"prepare needs an onnx.ModelProto, got GraphProto",
+        ),
+        (
+            "run: wrong count",
+            lambda: backend.prepare(model).run(feeds[:3]),
+            ValueError,
+            r"got 3 input\(s\); the graph takes 5",
+        ),
+        (
+            "run: missing name",
+            lambda: backend.prepare(model).run({"R": R}),
+            ValueError,
+            r"missing input\(s\) \['T', 'X', 'G', 'H'\]",
+        ),
+        ("supports_device: unknown", lambda: backend.supports_device("TPU:0"), Exception, r""),
+        (
+            "prepare: unknown device",
+            lambda: backend.prepare(model, "TPU"),
+            ValueError,
+            r"unknown device 'TPU'",
+        ),
+        (
+            "prepare: device id beyond",
+            lambda: backend.prepare(model, "CPU:7"),
+            ValueError,
+            r"JAX sees 1 cpu device",
+        ),
+        (
+            "from_node: not a node",
+            lambda: interop.from_node("Adam", 0.1),
+            TypeError,
+            r"expected an onnx.NodeProto, got str",
+        ),
+        (
+            "from_node: bad learning rate",
+            lambda: interop.from_node(node, "0.1"),
+            TypeError,
+            r"learning_rate must be a real number",
+        ),
+        (
+            "from_model: not a model",
+            lambda: interop.from_model(node),
+            TypeError,
+            r"from_model needs an onnx.ModelProto, got NodeProto",
+        ),
+        (
+            "from_model: no training_info",
+            lambda: interop.from_model(model),
+            ValueError,
+            r"no training_info",
+        ),
+        (
+            "to_node: an optax transformation",
+            lambda: interop.to_node(optax.adam(0.1), ["w"]),
+            TypeError,
+            r"built by onnx_optax",
+        ),
+        (
+            "to_node: duplicate names",
+            lambda: interop.to_node(ADAM, ["w", "w"]),
+            ValueError,
+            r"must be distinct",
+        ),
+        (
+            "to_node: a name clashes with R",
+            lambda: interop.to_node(ADAM, ["R"]),
+            ValueError,
+            r"clash with the inputs R and T",
+        ),
+        (
+            "to_node: a chain",
+            lambda: interop.to_node(optax.chain(ADAM), ["w"]),
+            TypeError,
+            r"wrappers such as optax.chain",
+        ),
+        (
+            "step_model: mixed dtypes",
+            lambda: interop.step_model(
+                ADAM, {"a": np.ones(2, np.float32), "b": np.ones(2, np.float16)}
+            ),
+            TypeError,
+            r"share one type",
+        ),
+        (
+            "to_model: a state of another optimizer",
+            lambda: interop.to_model(ADAM, PARAMS, optax.adam(0.1).init(PARAMS)),
+            TypeError,
+            r"state must be the AdamState",
+        ),
+        (
+            "to_model: a state for other params",
+            lambda: interop.to_model(ADAM, {"w": PARAMS["w"]}, ADAM_STATE),
+            ValueError,
+            r"state.v is not shaped like params",
+        ),
+    ]
+
+
+def test_onnx_entry_points_bad_input() -> None:
+    cases = _onnx_cases()
+    for label, call, error, pattern in cases:
+        if label == "supports_device: unknown":
+            # Not an error: an unknown device is simply not supported.
+            assert call() is False, label
+            continue
+        with pytest.raises(error, match=pattern):
+            call()

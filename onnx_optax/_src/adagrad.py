@@ -151,6 +151,9 @@ def adagrad(
         del extra_args
         if not isinstance(state, AdagradState):
             raise TypeError(f"{where}: state must be an AdagradState, got {type(state).__name__}")
+        tree.check_array_leaves(where, "updates", updates)
+        if reads_params:
+            tree.check_array_leaves(where, "params", params)
         schedule, rate = base.split_learning_rate(learning_rate)
         return _adagrad_update(
             updates,

@@ -189,6 +189,9 @@ def adam(
         del extra_args
         if not isinstance(state, AdamState):
             raise TypeError(f"{where}: state must be an AdamState, got {type(state).__name__}")
+        tree.check_array_leaves(where, "updates", updates)
+        if reads_params:
+            tree.check_array_leaves(where, "params", params)
         schedule, rate = base.split_learning_rate(learning_rate)
         return _adam_update(
             updates,

@@ -185,6 +185,16 @@ class PackedTree:
         )
 
 
+def check_array_leaves(where: str, argument: str, tree: PyTree) -> None:
+    """Every leaf must be an array (before the compiled update sees the tree)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(leaf, jax.Array | np.ndarray | np.generic):
+            raise TypeError(
+                f"{where}: {argument}{jax.tree_util.keystr(path)} must be a floating-point "
+                f"array, got {type(leaf).__name__}"
+            )
+
+
 def check_pack_leaves_below(where: str, pack_leaves_below: Any) -> int | None:
     """A non-negative integer (``None`` if traced: only ``init`` reads it)."""
     if isinstance(pack_leaves_below, jax.core.Tracer):
@@ -331,7 +341,7 @@ def apply_formula(
                 f"the gradients.\n  updates: {treedef}\n  state.{name}: {state_def}"
             )
         state_leaves.append(tree.leaves() if layout is not None else treedef.flatten_up_to(tree))
-    if reads_params:
+    if reads_params and leaves_with_path:
         if params is None:
             raise ValueError(
                 f"{where}: {why_params}, so update() needs the parameters: call "
