@@ -16,7 +16,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _conformance(args: argparse.Namespace) -> int:
     from onnx_optax._src.conformance import run_conformance
 
-    return run_conformance(seed=args.seed, rounds=args.rounds)
+    return run_conformance(seed=args.seed, rounds=args.rounds, long=args.long)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="random cases per operator and dtype (default: 3)",
+    )
+    conformance.add_argument(
+        "--long",
+        action="store_true",
+        help="50 random cases per operator and dtype, attributes over their whole valid range "
+        "and T up to 2**31-1 (a few minutes); for a new device or JAX version",
     )
     conformance.set_defaults(run=_conformance)
 

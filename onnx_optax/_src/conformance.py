@@ -84,8 +84,16 @@ def _node_case_rows() -> list[Row]:
     return rows
 
 
-def _attributes(op: str, rng: np.random.Generator) -> dict[str, Any]:
-    f32 = lambda low, high: float(np.float32(rng.uniform(low, high)))  # noqa: E731
+def _attributes(op: str, rng: np.random.Generator, wide: bool) -> dict[str, Any]:
+    """Non-zero attributes; ``wide`` spans their whole valid range (log-uniform)."""
+
+    def f32(low: float, high: float) -> float:
+        if wide and low > 0:
+            return float(np.float32(10.0 ** rng.uniform(np.log10(low), np.log10(high))))
+        return float(np.float32(rng.uniform(low, high)))
+
+    if wide:
+        return _wide_attributes(op, f32)
     if op == "adagrad":
         return {
             "decay_factor": f32(0.05, 0.5),
@@ -108,7 +116,30 @@ def _attributes(op: str, rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def _differential_rows(seed: int, rounds: int) -> list[Row]:
+def _wide_attributes(op: str, f32: Any) -> dict[str, Any]:
+    if op == "adagrad":
+        return {
+            "decay_factor": f32(1e-6, 1e3),
+            "epsilon": f32(1e-8, 1e3),
+            "norm_coefficient": f32(1e-6, 1.0),
+        }
+    if op == "adam":
+        return {
+            "alpha": f32(0.0, 0.9999),
+            "beta": 1.0 - f32(1e-7, 1.0),
+            "epsilon": f32(1e-8, 1e3),
+            "norm_coefficient": f32(1e-6, 1.0),
+            "norm_coefficient_post": f32(1e-6, 0.5),
+        }
+    return {
+        "alpha": f32(0.0, 1.0),
+        "beta": f32(0.0, 2.0),
+        "norm_coefficient": f32(1e-6, 1.0),
+        "mode": "nesterov" if op == "nesterov" else "standard",
+    }
+
+
+def _differential_rows(seed: int, rounds: int, wide: bool = False) -> list[Row]:
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
@@ -128,8 +159,10 @@ def _differential_rows(seed: int, rounds: int) -> list[Row]:
             for _ in range(rounds):
                 n = int(rng.integers(2, 5))
                 T = int(rng.choice([1, 2, 7, 100, 1000]))
+                if wide:
+                    T = int(rng.choice([T, int(rng.integers(1, 2**31))]))
                 shapes = [tuple(rng.integers(1, 6, size=rng.integers(0, 4))) for _ in range(n)]
-                attributes = _attributes(op, rng)
+                attributes = _attributes(op, rng, wide)
                 names = [f"{g}{i}" for g in ("X", "G", *groups) for i in range(n)]
                 outputs = [f"{g}{i}_new" for g in ("X", *groups) for i in range(n)]
                 node = helper.make_node(
@@ -167,12 +200,18 @@ def _differential_rows(seed: int, rounds: int) -> list[Row]:
     return rows
 
 
-def run_conformance(seed: int = 0, rounds: int = 3) -> int:
-    """Prints the conformance table; returns 0 if every case passes, else 1."""
+def run_conformance(seed: int = 0, rounds: int = 3, long: bool = False) -> int:
+    """Prints the conformance table; returns 0 if every case passes, else 1.
+
+    ``long`` runs 50 rounds per operator and dtype (unless ``rounds`` says more)
+    with attributes over their whole valid range and T up to 2**31 - 1.
+    """
+    if long:
+        rounds = max(rounds, 50)
     jax.config.update("jax_enable_x64", True)  # float64 cases need it; float32 stays float32
     devices = ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())
     print(f"onnx_optax conformance on {devices}; jax {jax.__version__}")
-    rows = _node_case_rows() + _differential_rows(seed, rounds)
+    rows = _node_case_rows() + _differential_rows(seed, rounds, wide=long)
     header = (
         f"{'case':<40} {'dtype':<8} {'max abs err':>12} {'max rel err':>12}  "
         f"{'tolerance':<24} result"
