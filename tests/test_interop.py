@@ -372,11 +372,15 @@ def test_from_model_T_must_advance_by_one() -> None:
         interop.from_model(model)
 
 
-def test_from_model_needs_stored_parameters() -> None:
-    model = _model()
-    kept = [i for i in model.graph.initializer if i.name != "scale"]
+def _without_initializer(model: Any, name: str) -> Any:
+    kept = [i for i in model.graph.initializer if i.name != name]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+    return model
+
+
+def test_from_model_needs_stored_parameters() -> None:
+    model = _without_initializer(_model(), "scale")
     with pytest.raises(
         ValueError, match=r"its X input 'scale' is not an initializer of the model's graph"
     ):
@@ -396,10 +400,7 @@ def test_from_model_needs_training_info_and_one_optimizer() -> None:
 
 
 def test_from_model_learning_rate_input() -> None:
-    model = _model()
-    kept = [i for i in model.graph.initializer if i.name != "R"]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    model = _without_initializer(_model(), "R")
     with pytest.raises(
         ValueError,
         match=r"R \('R'\) is a graph input, not stored in the model; pass learning_rate=",

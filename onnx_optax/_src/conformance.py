@@ -84,59 +84,58 @@ def _node_case_rows() -> list[Row]:
     return rows
 
 
+# (low, high) of each attribute: non-zero values, and with --long their whole range.
+_RANGES: dict[str, dict[str, dict[str, tuple[float, float]]]] = {
+    "adagrad": {
+        "narrow": {
+            "decay_factor": (0.05, 0.5),
+            "epsilon": (1e-7, 1e-3),
+            "norm_coefficient": (1e-3, 0.1),
+        },
+        "wide": {
+            "decay_factor": (1e-6, 1e3),
+            "epsilon": (1e-8, 1e3),
+            "norm_coefficient": (1e-6, 1.0),
+        },
+    },
+    "adam": {
+        "narrow": {
+            "alpha": (0.5, 0.99),
+            "beta": (0.9, 0.9999),
+            "epsilon": (1e-7, 1e-3),
+            "norm_coefficient": (1e-3, 0.1),
+            "norm_coefficient_post": (1e-3, 0.1),
+        },
+        "wide": {
+            "alpha": (0.0, 0.9999),
+            "one_minus_beta": (1e-7, 1.0),
+            "epsilon": (1e-8, 1e3),
+            "norm_coefficient": (1e-6, 1.0),
+            "norm_coefficient_post": (1e-6, 0.5),
+        },
+    },
+    "momentum": {
+        "narrow": {"alpha": (0.5, 0.99), "beta": (0.1, 1.0), "norm_coefficient": (1e-3, 0.1)},
+        "wide": {"alpha": (0.0, 1.0), "beta": (0.0, 2.0), "norm_coefficient": (1e-6, 1.0)},
+    },
+}
+
+
 def _attributes(op: str, rng: np.random.Generator, wide: bool) -> dict[str, Any]:
-    """Non-zero attributes; ``wide`` spans their whole valid range (log-uniform)."""
-
-    def f32(low: float, high: float) -> float:
+    """Non-zero attributes as float32 values; ``wide`` draws positive ranges log-uniformly."""
+    ranges = _RANGES["momentum" if op == "nesterov" else op]["wide" if wide else "narrow"]
+    values: dict[str, Any] = {}
+    for name, (low, high) in ranges.items():
         if wide and low > 0:
-            return float(np.float32(10.0 ** rng.uniform(np.log10(low), np.log10(high))))
-        return float(np.float32(rng.uniform(low, high)))
-
-    if wide:
-        return _wide_attributes(op, f32)
-    if op == "adagrad":
-        return {
-            "decay_factor": f32(0.05, 0.5),
-            "epsilon": f32(1e-7, 1e-3),
-            "norm_coefficient": f32(1e-3, 0.1),
-        }
-    if op == "adam":
-        return {
-            "alpha": f32(0.5, 0.99),
-            "beta": f32(0.9, 0.9999),
-            "epsilon": f32(1e-7, 1e-3),
-            "norm_coefficient": f32(1e-3, 0.1),
-            "norm_coefficient_post": f32(1e-3, 0.1),
-        }
-    return {
-        "alpha": f32(0.5, 0.99),
-        "beta": f32(0.1, 1.0),
-        "norm_coefficient": f32(1e-3, 0.1),
-        "mode": "nesterov" if op == "nesterov" else "standard",
-    }
-
-
-def _wide_attributes(op: str, f32: Any) -> dict[str, Any]:
-    if op == "adagrad":
-        return {
-            "decay_factor": f32(1e-6, 1e3),
-            "epsilon": f32(1e-8, 1e3),
-            "norm_coefficient": f32(1e-6, 1.0),
-        }
-    if op == "adam":
-        return {
-            "alpha": f32(0.0, 0.9999),
-            "beta": 1.0 - f32(1e-7, 1.0),
-            "epsilon": f32(1e-8, 1e3),
-            "norm_coefficient": f32(1e-6, 1.0),
-            "norm_coefficient_post": f32(1e-6, 0.5),
-        }
-    return {
-        "alpha": f32(0.0, 1.0),
-        "beta": f32(0.0, 2.0),
-        "norm_coefficient": f32(1e-6, 1.0),
-        "mode": "nesterov" if op == "nesterov" else "standard",
-    }
+            value = 10.0 ** rng.uniform(np.log10(low), np.log10(high))
+        else:
+            value = rng.uniform(low, high)
+        if name == "one_minus_beta":
+            name, value = "beta", 1.0 - value
+        values[name] = float(np.float32(value))
+    if op in ("momentum", "nesterov"):
+        values["mode"] = "nesterov" if op == "nesterov" else "standard"
+    return values
 
 
 def _differential_rows(seed: int, rounds: int, wide: bool = False) -> list[Row]:
