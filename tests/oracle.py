@@ -18,6 +18,8 @@ floating point on CPU and GPU (flush-to-zero, denormals-are-zero).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 F64 = np.float64
@@ -50,6 +52,14 @@ def _as(dtype: type, *arrays: object, flush_subnormals: bool = False) -> list[np
     if flush_subnormals:
         return [flush(a).view(FlushToZero) for a in converted]
     return converted
+
+
+def one_minus_power(base: float, t: int) -> F64:
+    """``1 - base**t`` rounded once: exact rational arithmetic, or expm1/log1p for large t."""
+    if t <= 2048:
+        return F64(float(1 - Fraction(float(base)) ** t))
+    with np.errstate(divide="ignore"):
+        return F64(-np.expm1(t * np.log1p(F64(base) - 1.0)))
 
 
 def adagrad(
@@ -101,9 +111,10 @@ def adam(
     h_sqrt = np.sqrt(h_new) + dtype(epsilon)
     t = int(t)
     if t > 0:
-        # The powers in float64 whatever dtype is: the bias factor is a scalar.
+        # The bias factor is a scalar: computed to full float64 precision whatever
+        # dtype is (1 - beta**t loses digits to cancellation when beta**t ~ 1).
         with np.errstate(divide="ignore", invalid="ignore"):
-            factor = np.sqrt(1.0 - F64(beta) ** t) / (1.0 - F64(alpha) ** t)
+            factor = np.sqrt(one_minus_power(beta, t)) / one_minus_power(alpha, t)
             r_adjusted = dtype(F64(r) * factor)
     else:
         r_adjusted = dtype(r)
