@@ -307,5 +307,5 @@ def adagrad_op(
     _check(where, attributes)
     r = base.check_learning_rate_input(where, R)
     t = base.check_count_input(where, T)
-    (xs, gs, hs), _ = base.split_variadic(where, inputs, ("X", "G", "H"))
+    xs, gs, hs = base.split_variadic(where, inputs, ("X", "G", "H"))
     return _adagrad_op(r, t, xs, gs, hs, **attributes)

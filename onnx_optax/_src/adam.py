@@ -361,5 +361,5 @@ def adam_op(
     _check(where, attributes)
     r = base.check_learning_rate_input(where, R)
     t = base.check_count_input(where, T)
-    (xs, gs, vs, hs), _ = base.split_variadic(where, inputs, ("X", "G", "V", "H"))
+    xs, gs, vs, hs = base.split_variadic(where, inputs, ("X", "G", "V", "H"))
     return _adam_op(r, t, xs, gs, vs, hs, **attributes)

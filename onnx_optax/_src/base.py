@@ -272,12 +272,11 @@ def as_tensor(where: str, name: str, value: Any) -> Array:
         ) from None
 
 
-def split_variadic(
-    where: str, inputs: Sequence[Any], groups: Sequence[str]
-) -> tuple[list[list[Array]], jnp.dtype]:
+def split_variadic(where: str, inputs: Sequence[Any], groups: Sequence[str]) -> list[list[Array]]:
     """Splits ONNX variadic inputs ``[X_1..X_n, G_1..G_n, ...]`` and checks them.
 
-    Returns one list per group and the tensors' common dtype.
+    Returns one list per group: floating tensors of one dtype, each tensor's
+    X, G, V, H of one shape.
     """
     k = len(groups)
     if len(inputs) == 0 or len(inputs) % k:
@@ -319,8 +318,7 @@ def split_variadic(
                     f"{split[j][i].shape} but {_tensor_name(groups[0], i, n)} has shape "
                     f"{shape}; each tensor's {', '.join(groups)} must have the same shape"
                 )
-    assert dtype is not None
-    return split, jnp.dtype(dtype)
+    return split
 
 
 def check_learning_rate_input(where: str, R: Any) -> Array:

@@ -153,10 +153,6 @@ def _time_round_robin(
     return {label: float(np.median(values)) for label, values in samples.items()}
 
 
-def _median_step_time(step: Callable[[], Any], min_time: float, repeats: int) -> float:
-    return _time_round_robin({"step": step}, min_time, repeats, seed=0)["step"]
-
-
 def _grads_like(params: Any) -> Any:
     return jax.tree.map(lambda p: jnp.full_like(p, 0.001), params)
 

@@ -388,5 +388,5 @@ def momentum_op(
     )
     r = base.check_learning_rate_input(where, R)
     t = base.check_count_input(where, T)
-    (xs, gs, vs), _ = base.split_variadic(where, inputs, ("X", "G", "V"))
+    xs, gs, vs = base.split_variadic(where, inputs, ("X", "G", "V"))
     return _momentum_op(r, t, xs, gs, vs, mode=mode, **attributes)
