@@ -55,7 +55,7 @@ from onnx_optax._src.onnx_nodes import (
     make_node,
     read_node,
 )
-from onnx_optax._src.tree import PackedTree
+from onnx_optax._src.tree import PackedTree, path_keys
 
 __all__ = [
     "DOMAIN",
@@ -163,10 +163,7 @@ def _names(params: Any) -> tuple[list[str], list[Any], list[list[str]]]:
     named = jax.tree_util.tree_flatten_with_path(params)[0]
     names, leaves, paths = [], [], []
     for path, leaf in named:
-        keys = []
-        for entry in path:
-            key = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", None)))
-            keys.append(str(key))
+        keys = path_keys(path)
         paths.append(keys)
         names.append("/".join(keys) if keys else "x")
         leaves.append(leaf)

@@ -70,6 +70,12 @@ OP_CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         r"input G has dtype float16 but X has float32",
     ),
     ("string tensor", lambda: ops.adagrad(R, 0, "x", X, X), TypeError, r"input X must be a tensor"),
+    (
+        "float64 tensors without 64-bit JAX",
+        lambda: ops.adagrad(R, 0, X.astype(np.float64), X.astype(np.float64), X.astype(np.float64)),
+        TypeError,
+        r"onnx_optax.ops.adagrad: input X is float64, which needs 64-bit JAX",
+    ),
     ("None tensor", lambda: ops.adagrad(R, 0, X, None, X), TypeError, r"input G must be a tensor"),
     (
         "R not scalar",

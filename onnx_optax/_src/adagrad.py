@@ -149,11 +149,7 @@ def adagrad(
         **extra_args: Any,
     ) -> tuple[base.PyTree, AdagradState]:
         del extra_args
-        if not isinstance(state, AdagradState):
-            raise TypeError(f"{where}: state must be an AdagradState, got {type(state).__name__}")
-        tree.check_array_leaves(where, "updates", updates)
-        if reads_params:
-            tree.check_array_leaves(where, "params", params)
+        tree.check_update_arguments(where, AdagradState, state, updates, params, reads_params)
         schedule, rate = base.split_learning_rate(learning_rate)
         return _adagrad_update(
             updates,

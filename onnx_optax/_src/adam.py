@@ -187,11 +187,7 @@ def adam(
         **extra_args: Any,
     ) -> tuple[base.PyTree, AdamState]:
         del extra_args
-        if not isinstance(state, AdamState):
-            raise TypeError(f"{where}: state must be an AdamState, got {type(state).__name__}")
-        tree.check_array_leaves(where, "updates", updates)
-        if reads_params:
-            tree.check_array_leaves(where, "params", params)
+        tree.check_update_arguments(where, AdamState, state, updates, params, reads_params)
         schedule, rate = base.split_learning_rate(learning_rate)
         return _adam_update(
             updates,

@@ -3,8 +3,8 @@
 Each operator module (``adagrad.py``, ``adam.py``, ``momentum.py``) holds its
 formula once. This module holds what they share: checking hyperparameters and
 inputs so that bad input fails with a clear Python error at trace time, the
-dtype policy, the update counter, and the leaf-by-leaf application of a formula
-to a pytree for the optax transformations.
+dtype policy, the update counter and what a transformation records for export
+to ONNX. Applying a formula to a pytree is in ``tree.py``.
 
 Dtype policy (the same for the ops and the transforms):
 
@@ -258,12 +258,41 @@ def _tensor_name(group: str, index: int, count: int) -> str:
     return group if count == 1 else f"{group}_{index + 1}"
 
 
+def refuse_truncation(what: str, array: Any) -> None:
+    """Refuses a host array that 32-bit JAX would silently narrow.
+
+    Without ``jax_enable_x64``, JAX turns float64 arrays into float32 and int64
+    into int32. A float64 scalar (a double learning rate R beside float tensors)
+    is cast to the tensors' type by the ops anyway; a float64 tensor, or an
+    int64 value beyond int32, would lose information: refuse those.
+    """
+    if jax.config.read("jax_enable_x64"):
+        return
+    dtype = np.dtype(array.dtype)
+    if dtype == np.float64 and np.ndim(array):
+        raise TypeError(
+            f"{what} is float64, which needs 64-bit JAX: call "
+            "jax.config.update('jax_enable_x64', True) first (it would otherwise be "
+            "computed in float32)"
+        )
+    if dtype == np.int64:
+        values = np.asarray(array)
+        info = np.iinfo(np.int32)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise ValueError(
+                f"{what} holds int64 values beyond int32; enable 64-bit JAX "
+                "(jax.config.update('jax_enable_x64', True))"
+            )
+
+
 def as_tensor(where: str, name: str, value: Any) -> Array:
     """An input tensor as a JAX array, with a clear error if it is not one."""
     if isinstance(value, jax.Array):
         return value
     if isinstance(value, str | bytes) or value is None:
         raise TypeError(f"{where}: input {name} must be a tensor, got {type(value).__name__}")
+    if isinstance(value, np.ndarray | np.generic):
+        refuse_truncation(f"{where}: input {name}", value)
     try:
         return jnp.asarray(value)
     except (TypeError, ValueError) as error:
@@ -343,11 +372,9 @@ def check_count_input(where: str, T: Any) -> Array:
     if isinstance(T, bool | np.bool_):
         raise TypeError(f"{where}: input T must be an integer scalar, got bool")
     if isinstance(T, numbers.Integral) and not isinstance(T, np.generic):
-        value: int | None = int(T)
-    elif is_traced(T):
-        value = None
+        value = int(T)
     else:
-        array = np.asarray(T) if not isinstance(T, jax.Array) else T
+        array = T if isinstance(T, jax.Array) else np.asarray(T)
         if np.ndim(array) != 0:
             raise ValueError(
                 f"{where}: input T must be a scalar (shape ()), got shape {np.shape(array)}"
@@ -357,16 +384,9 @@ def check_count_input(where: str, T: Any) -> Array:
                 f"{where}: input T must be an integer scalar (ONNX T2: int64), "
                 f"got dtype {array.dtype}"
             )
+        if is_traced(T):
+            return T
         value = int(np.asarray(array))
-    if value is None:
-        assert isinstance(T, jax.Array)
-        if T.ndim != 0:
-            raise ValueError(f"{where}: input T must be a scalar (shape ()), got shape {T.shape}")
-        if not jnp.issubdtype(T.dtype, jnp.integer):
-            raise TypeError(
-                f"{where}: input T must be an integer scalar (ONNX T2: int64), got dtype {T.dtype}"
-            )
-        return T
     if value < 0:
         raise ValueError(f"{where}: input T is an update count and must be >= 0, got {value}")
     limit = int(np.iinfo(np.int64 if jax.config.read("jax_enable_x64") else np.int32).max)

@@ -171,11 +171,7 @@ def momentum(
         **extra_args: Any,
     ) -> tuple[base.PyTree, MomentumState]:
         del extra_args
-        if not isinstance(state, MomentumState):
-            raise TypeError(f"{where}: state must be a MomentumState, got {type(state).__name__}")
-        tree.check_array_leaves(where, "updates", updates)
-        if reads_params:
-            tree.check_array_leaves(where, "params", params)
+        tree.check_update_arguments(where, MomentumState, state, updates, params, reads_params)
         schedule, rate = base.split_learning_rate(learning_rate)
         return _momentum_update(
             updates,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from onnx_optax._src.base import refuse_truncation
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OptimizerNode,
@@ -106,23 +107,8 @@ class CompiledNode:
 
 def check_feed(name: str, value: Any) -> jax.Array:
     """An input as a JAX array, refusing what 32-bit JAX would silently truncate."""
-    array = np.asarray(value) if not isinstance(value, jax.Array) else value
-    if not jax.config.read("jax_enable_x64"):
-        # A float64 scalar (a double learning rate R beside float tensors) is cast to
-        # the tensors' type by the op anyway; float64 tensors would silently lose bits.
-        if array.dtype == np.float64 and array.ndim:
-            raise TypeError(
-                f"input '{name}' is float64, which needs 64-bit JAX: call "
-                "jax.config.update('jax_enable_x64', True) first (it would otherwise be "
-                "computed in float32)"
-            )
-        if array.dtype == np.int64:
-            info = np.iinfo(np.int32)
-            if array.size and (array.min() < info.min or array.max() > info.max):
-                raise ValueError(
-                    f"input '{name}' holds int64 values beyond int32; enable 64-bit JAX "
-                    "(jax.config.update('jax_enable_x64', True))"
-                )
+    array = value if isinstance(value, jax.Array) else np.asarray(value)
+    refuse_truncation(f"input '{name}'", array)
     return jnp.asarray(array)
 
 

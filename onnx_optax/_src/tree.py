@@ -105,12 +105,16 @@ class PackedLayout:
         return int(np.prod(self.shapes[leaf], dtype=np.int64))
 
 
-def _key_name(path: Sequence[Any]) -> str:
-    parts = [
+def path_keys(path: Sequence[Any]) -> list[str]:
+    """The keys of a pytree path as strings: dict keys, sequence indices, attribute names."""
+    return [
         str(getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry))))
         for entry in path
     ]
-    return ".".join(parts) if parts else "leaf"
+
+
+def _key_name(path: Sequence[Any]) -> str:
+    return ".".join(path_keys(path)) or "leaf"
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -193,6 +197,25 @@ def check_array_leaves(where: str, argument: str, tree: PyTree) -> None:
                 f"{where}: {argument}{jax.tree_util.keystr(path)} must be a floating-point "
                 f"array, got {type(leaf).__name__}"
             )
+
+
+def check_update_arguments(
+    where: str,
+    state_class: type,
+    state: Any,
+    updates: PyTree,
+    params: PyTree | None,
+    reads_params: bool,
+) -> None:
+    """What every transformation's ``update`` checks before compiling anything."""
+    if not isinstance(state, state_class):
+        article = "an" if state_class.__name__[0] in "AEIOU" else "a"
+        raise TypeError(
+            f"{where}: state must be {article} {state_class.__name__}, got {type(state).__name__}"
+        )
+    check_array_leaves(where, "updates", updates)
+    if reads_params:
+        check_array_leaves(where, "params", params)
 
 
 def check_pack_leaves_below(where: str, pack_leaves_below: Any) -> int | None:
