@@ -349,7 +349,8 @@ def apply_formula(
     if any(packed) and not all(packed):
         raise TypeError(f"{where}: the state mixes packed and unpacked trees")
     layout = states[0][1].layout if states and packed[0] else None
-    state_leaves: list[list[Any]] = []
+    state_leaves: list[list[Any]] = []  # per-leaf state (unpacked layout only)
+    state_shapes: list[list[tuple[int, ...]]] = []
     for name, tree in states:
         if layout is not None:
             if tree.layout != layout:
@@ -363,7 +364,11 @@ def apply_formula(
                 f"structures; the state must come from init() on parameters shaped like "
                 f"the gradients.\n  updates: {treedef}\n  state.{name}: {state_def}"
             )
-        state_leaves.append(tree.leaves() if layout is not None else treedef.flatten_up_to(tree))
+        if layout is not None:
+            state_shapes.append(list(layout.shapes))
+        else:
+            state_leaves.append(treedef.flatten_up_to(tree))
+            state_shapes.append([leaf.shape for leaf in state_leaves[-1]])
     if reads_params and leaves_with_path:
         if params is None:
             raise ValueError(
@@ -387,11 +392,11 @@ def apply_formula(
                 f"{where}: updates{location} must be a floating-point array, got "
                 f"{getattr(g, 'dtype', type(g).__name__)}"
             )
-        for (name, _), leaves in zip(states, state_leaves, strict=True):
-            if leaves[i].shape != g.shape:
+        for (name, _), shapes in zip(states, state_shapes, strict=True):
+            if shapes[i] != g.shape:
                 raise ValueError(
                     f"{where}: updates{location} has shape {g.shape} but "
-                    f"state.{name}{location} has shape {leaves[i].shape}"
+                    f"state.{name}{location} has shape {shapes[i]}"
                 )
         x = param_leaves[i]
         if x is not None:
@@ -444,13 +449,15 @@ def _apply_packed(
         x_c: dict[int, Array | None] = {
             i: None if (x := xs[i]) is None else x.astype(dtype) for i in members
         }
-        g_r = {i: regularized_gradient(grads[i].astype(dtype), x_c[i], nc) for i in members}
-        flat = jnp.concatenate([g_r[i].reshape(-1) for i in members])
+        g_c = {i: grads[i].astype(dtype) for i in members}
+        flat = jnp.concatenate(
+            [regularized_gradient(g_c[i], x_c[i], nc).reshape(-1) for i in members]
+        )
         new_flat = formula.new_state(dtype, flat, *(s.astype(dtype) for s in buffers))
         for i in members:
             offset, size = layout.slots[i][1], layout.size(i)  # type: ignore[index]
             new = [n[offset : offset + size].reshape(layout.shapes[i]) for n in new_flat]
-            g_step = regularized_gradient(grads[i].astype(dtype), x_c[i], nc, for_step=True)
+            g_step = regularized_gradient(g_c[i], x_c[i], nc, for_step=True)
             new_updates[i] = formula.update(dtype, g_step, x_c[i], *new).astype(grads[i].dtype)
         for k, (n, s) in enumerate(zip(new_flat, buffers, strict=True)):
             new_buffers[k].append(n.astype(s.dtype))
