@@ -563,7 +563,7 @@ def _check_bindings(
         ):
             if produced not in algorithm_outputs:
                 raise ValueError(
-                    f"{describe_optimizer(node)}: its output '{produced}' ({label} of "
+                    f"{node.description}: its output '{produced}' ({label} of "
                     f"'{x}') is not an output of the training algorithm, so it cannot be bound"
                 )
             if binding.get(stored) != produced:
@@ -607,9 +607,3 @@ def _check_bindings(
                 f"update_binding['{T_name}'] = '{output}' computes {int(np.asarray(T_next))} from "
                 f"T = {T_now}; it must be T + 1"
             )
-
-
-def describe_optimizer(node: OptimizerNode) -> str:
-    """How errors name a read optimizer node."""
-    name = f"'{node.name}' " if node.name else ""
-    return f"node {name}({DOMAIN}.{node.operator.op_type})"

@@ -23,6 +23,7 @@ from onnx_optax._src.onnx_nodes import (
     describe,
     read_node,
     to_numpy_dtype,
+    unsupported,
 )
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
@@ -74,10 +75,8 @@ class CompiledNode:
         if node.domain == DOMAIN:
             self.optimizer = read_node(node)
         elif node.domain not in _STANDARD_DOMAINS or node.op_type not in PLAIN_OPS:
-            raise UnsupportedOperatorError(
-                f"{describe(node)}: unsupported op {node.op_type} in domain "
-                f"'{node.domain or 'ai.onnx'}'; onnx_optax runs Adagrad, Adam and Momentum "
-                f"of '{DOMAIN}' and {', '.join(PLAIN_OPS)}"
+            raise unsupported(
+                node, f"runs Adagrad, Adam and Momentum of '{DOMAIN}' and {', '.join(PLAIN_OPS)}"
             )
         elif node.op_type == "Constant":
             self.value = constant_value(node)

@@ -64,6 +64,14 @@ OPERATORS: dict[str, Operator] = {
 }
 
 
+def unsupported(node: Any, runs: str) -> UnsupportedOperatorError:
+    """The error for a node of an op onnx_optax does not run; ``runs`` says what it does."""
+    return UnsupportedOperatorError(
+        f"{describe(node)}: unsupported op {node.op_type} in domain "
+        f"'{node.domain or 'ai.onnx'}'; onnx_optax {runs}"
+    )
+
+
 def describe(node: Any) -> str:
     """How errors name a node: its name (if any), op type and domain."""
     name = f"'{node.name}' " if node.name else ""
@@ -93,6 +101,7 @@ class OptimizerNode:
     inputs: tuple[str, ...]  # R, T, then the variadic tensors in ONNX order
     outputs: tuple[str, ...]
     name: str
+    description: str  # how errors name the node, as describe() does
 
     @property
     def n_tensors(self) -> int:
@@ -123,11 +132,7 @@ def read_node(node: Any) -> OptimizerNode:
         raise TypeError(f"expected an onnx.NodeProto, got {type(node).__name__}")
     where = describe(node)
     if node.domain != DOMAIN or node.op_type not in OPERATORS:
-        raise UnsupportedOperatorError(
-            f"{where}: unsupported op {node.op_type} in domain "
-            f"'{node.domain or 'ai.onnx'}'; onnx_optax implements Adagrad, Adam and Momentum "
-            f"of '{DOMAIN}'"
-        )
+        raise unsupported(node, f"implements Adagrad, Adam and Momentum of '{DOMAIN}'")
     operator = OPERATORS[node.op_type]
     attributes = schema_defaults(node.op_type)
     for attribute in node.attribute:
@@ -183,6 +188,7 @@ def read_node(node: Any) -> OptimizerNode:
         inputs=tuple(node.input),
         outputs=tuple(node.output),
         name=node.name,
+        description=where,
     )
 
 
