@@ -157,17 +157,21 @@ def _grads_like(params: Any) -> Any:
     return jax.tree.map(lambda p: jnp.full_like(p, 0.001), params)
 
 
+def _training_step(tx: Any) -> Callable[[Any, Any, Any], Any]:
+    """One training step with ``tx``: ``(params, state, grads) -> (params, state)``."""
+
+    def step(params: Any, state: Any, grads: Any) -> Any:
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return step
+
+
 def _transform_step(tx: Any, params: Any) -> Callable[[], Any]:
     grads = _grads_like(params)
     holder = {"params": jax.tree.map(jnp.copy, params)}
     holder["state"] = tx.init(holder["params"])
-
-    @jax.jit
-    def update(params: Any, state: Any, grads: Any) -> Any:
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    step_fn = jax.jit(update, donate_argnums=(0, 1))
+    step_fn = jax.jit(_training_step(tx), donate_argnums=(0, 1))
 
     def step() -> Any:
         holder["params"], holder["state"] = step_fn(holder["params"], holder["state"], grads)
@@ -434,13 +438,8 @@ def compile_times(params: Any) -> dict[str, float]:
         tx = make()
         state = tx.init(params)
         grads = _grads_like(params)
-
-        def step(params: Any, state: Any, grads: Any, tx: Any = tx) -> Any:
-            updates, state = tx.update(grads, state, params)
-            return optax.apply_updates(params, updates), state
-
         start = time.perf_counter()
-        jax.block_until_ready(jax.jit(step)(params, state, grads))
+        jax.block_until_ready(jax.jit(_training_step(tx))(params, state, grads))
         result[label] = time.perf_counter() - start
     return result
 
