@@ -11,7 +11,7 @@ from onnx_optax import ops
 from onnx_optax._src.adagrad import AdagradState, adagrad
 from onnx_optax._src.adam import AdamState, adam
 from onnx_optax._src.momentum import MomentumState, momentum, nesterov
-from onnx_optax._src.tree import PackedTree
+from onnx_optax._src.packed import PackedTree
 
 try:
     __version__ = _metadata.version("onnx-optax")

@@ -40,14 +40,11 @@ import onnx
 import optax
 from onnx import helper, numpy_helper
 
-from onnx_optax._src import base
-from onnx_optax._src.adagrad import AdagradState, adagrad
-from onnx_optax._src.adam import AdamState, adam
-from onnx_optax._src.momentum import MomentumState, momentum
+from onnx_optax._src import checks
+from onnx_optax._src.driver import Transformation
 from onnx_optax._src.onnx_graph import GraphFunction, cone, constant_value
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
-    OPERATORS,
     OPSET_VERSION,
     OptimizerNode,
     UnsupportedOperatorError,
@@ -55,7 +52,8 @@ from onnx_optax._src.onnx_nodes import (
     make_node,
     read_node,
 )
-from onnx_optax._src.tree import PackedTree, path_keys
+from onnx_optax._src.packed import PackedTree, path_keys
+from onnx_optax._src.registry import OPERATORS, operator_of
 
 __all__ = [
     "DOMAIN",
@@ -68,12 +66,6 @@ __all__ = [
     "to_node",
 ]
 
-_FACTORIES = {"Adagrad": adagrad, "Adam": adam, "Momentum": momentum}
-_STATES: dict[str, Any] = {
-    "Adagrad": AdagradState,
-    "Adam": AdamState,
-    "Momentum": MomentumState,
-}
 _TREE_METADATA = "onnx_optax.params"
 _DEFAULT_OPSET = 21
 
@@ -84,15 +76,11 @@ def _transformation(
     learning_rate: optax.ScalarOrSchedule,
     initial_count: int | None,
     accumulator_dtype: Any,
-) -> base.OnnxTransformation:
+) -> Transformation:
     kwargs = dict(attributes)
     if initial_count is not None:
         kwargs["initial_count"] = initial_count
-    factory: Any = _FACTORIES[op_type]
-    result: base.OnnxTransformation = factory(
-        learning_rate, accumulator_dtype=accumulator_dtype, **kwargs
-    )
-    return result
+    return OPERATORS[op_type].factory(learning_rate, accumulator_dtype=accumulator_dtype, **kwargs)
 
 
 def from_node(
@@ -101,7 +89,7 @@ def from_node(
     *,
     initial_count: int | None = None,
     accumulator_dtype: Any | None = None,
-) -> base.OnnxTransformation:
+) -> Transformation:
     """The optax transformation of an ONNX Adagrad, Adam or Momentum node.
 
     Args:
@@ -125,7 +113,7 @@ def from_node(
       >>> node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["X2", "H2"],
       ...                         domain="ai.onnx.preview.training", decay_factor=0.1)
       >>> tx = interop.from_node(node, learning_rate=0.01)
-      >>> tx.onnx_spec.attributes["decay_factor"], tx.onnx_spec.attributes["epsilon"]
+      >>> tx.hyperparameters.decay_factor, tx.hyperparameters.epsilon
       (0.10000000149011612, 9.999999974752427e-07)
     """
     spec = read_node(node)
@@ -134,24 +122,15 @@ def from_node(
     )
 
 
-def _spec_of(transformation: Any) -> base.OnnxSpec:
-    spec = getattr(transformation, "onnx_spec", None)
-    if not isinstance(spec, base.OnnxSpec):
-        raise TypeError(
-            "expected a transformation built by onnx_optax.adagrad, adam, momentum or nesterov "
-            f"(it carries .onnx_spec), got {type(transformation).__name__}; wrappers such as "
-            "optax.chain or optax.inject_hyperparams hide it, so pass the inner one"
-        )
-    return spec
-
-
-def _attribute_values(spec: base.OnnxSpec) -> dict[str, Any]:
+def _attribute_values(transformation: Any) -> dict[str, Any]:
+    """The ONNX attributes of a transformation: strings as they are, numbers as float32."""
+    operator_of(transformation)
     values: dict[str, Any] = {}
-    for name, value in spec.attributes.items():
+    for name, value in transformation.hyperparameters._asdict().items():
         if isinstance(value, str):
             values[name] = value
             continue
-        number = base.static_number(value)
+        number = checks.scalar(value)
         if number is None:
             raise TypeError(f"attribute {name} is traced; ONNX attributes are constants")
         values[name] = float(np.float32(number))
@@ -189,11 +168,12 @@ def to_node(transformation: Any, names: Sequence[str], *, node_name: str = "") -
       >>> list(node.output)
       ['w.new', 'b.new', 'w.v.new', 'b.v.new']
     """
-    spec = _spec_of(transformation)
-    node: onnx.NodeProto = make_node(
-        spec.op_type, _attribute_values(spec), list(names), node_name=node_name
+    return make_node(
+        operator_of(transformation).op_type,
+        _attribute_values(transformation),
+        list(names),
+        node_name=node_name,
     )
-    return node
 
 
 def _onnx_type(dtype: Any, what: str) -> int:
@@ -256,14 +236,14 @@ def step_model(transformation: Any, params: Any) -> onnx.ModelProto:
     return model
 
 
-def _learning_rate_value(spec: base.OnnxSpec, learning_rate: Any) -> float:
-    value = spec.learning_rate if learning_rate is None else learning_rate
+def _learning_rate_value(transformation: Transformation, learning_rate: Any) -> float:
+    value = transformation.learning_rate if learning_rate is None else learning_rate
     if callable(value):
         raise TypeError(
             "the transformation's learning rate is a schedule; ONNX stores R as a tensor: "
             "pass learning_rate= (the value to store)"
         )
-    number = base.static_number(value)
+    number = checks.scalar(value)
     if number is None:
         raise TypeError("the learning rate is traced; pass a concrete learning_rate=")
     return number
@@ -304,11 +284,10 @@ def to_model(
       >>> [n.op_type for n in model.training_info[0].algorithm.node]
       ['Momentum', 'Constant', 'Add']
     """
-    spec = _spec_of(transformation)
-    operator = OPERATORS[spec.op_type]
-    if not isinstance(state, _STATES[spec.op_type]):
+    operator = operator_of(transformation)
+    if not isinstance(state, operator.state):
         raise TypeError(
-            f"state must be the {_STATES[spec.op_type].__name__} of this transformation, "
+            f"state must be the {operator.state.__name__} of this transformation, "
             f"got {type(state).__name__}"
         )
     names, leaves, paths = _names(params)
@@ -319,24 +298,24 @@ def to_model(
         for name, leaf in zip(names, leaves, strict=True)
     ]
     treedef: Any = jax.tree.structure(params)
-    for group in operator.state_groups:
-        tree = getattr(state, group.lower())
+    for field in operator.fields:
+        tree = getattr(state, field)
         if isinstance(tree, PackedTree):
             tree = tree.unpack()
         if jax.tree.structure(tree) != treedef:
-            raise ValueError(f"state.{group.lower()} is not shaped like params")
+            raise ValueError(f"state.{field} is not shaped like params")
         for name, leaf, value in zip(names, leaves, jax.tree.leaves(tree), strict=True):
             if value.shape != leaf.shape or np.dtype(value.dtype) != dtype:
                 raise TypeError(
-                    f"state.{group.lower()} for '{name}' is {value.dtype}{list(value.shape)}; ONNX "
+                    f"state.{field} for '{name}' is {value.dtype}{list(value.shape)}; ONNX "
                     f"needs the parameter's type {dtype}{list(leaf.shape)}"
                 )
-            initializers.append(
-                numpy_helper.from_array(np.asarray(value), f"{name}.{group.lower()}")
-            )
+            initializers.append(numpy_helper.from_array(np.asarray(value), f"{name}.{field}"))
     initializers.append(numpy_helper.from_array(np.asarray(int(state.count), np.int64), "T"))
     initializers.append(
-        numpy_helper.from_array(np.asarray(_learning_rate_value(spec, learning_rate), dtype), "R")
+        numpy_helper.from_array(
+            np.asarray(_learning_rate_value(transformation, learning_rate), dtype), "R"
+        )
     )
 
     graph = helper.make_graph(
@@ -350,7 +329,7 @@ def to_model(
         initializer=initializers,
     )
 
-    node = to_node(transformation, names, node_name=spec.op_type.lower())
+    node = to_node(transformation, names, node_name=operator.op_type.lower())
     one = helper.make_tensor("one", onnx.TensorProto.INT64, [], [1])
     algorithm = helper.make_graph(
         [
@@ -384,13 +363,13 @@ def to_model(
 def _stored_inputs(node: onnx.NodeProto) -> list[str]:
     """The node's X and state inputs, in the order of its outputs."""
     spec = read_node(node)
-    return [name for group in ("X", *spec.operator.state_groups) for name in spec.group(group)]
+    return [name for group in ("X", *spec.state_groups) for name in spec.group(group)]
 
 
 class ImportedModel(NamedTuple):
     """What :func:`from_model` found in a model."""
 
-    transformation: base.OnnxTransformation  # the optimizer, attributes from the node
+    transformation: Transformation  # the optimizer, attributes from the node
     params: Any  # X tensors from the initializers (nested dicts if exported by to_model)
     state: Any  # the transformation's state: count = T, V/H from the initializers
     T: int | None  # the stored update count, None if T is a graph input
@@ -490,7 +469,7 @@ def from_model(
     algorithm_values = {i.name: numpy_helper.to_array(i) for i in info.algorithm.initializer}
 
     stored: dict[str, list[np.ndarray]] = {}
-    for group in ("X", *node.operator.state_groups):
+    for group in ("X", *node.state_groups):
         stored[group] = []
         for name in node.group(group):
             if name not in initializers:
@@ -514,7 +493,7 @@ def from_model(
         learning_rate = float(R_value)
     T = None if T_value is None else int(T_value)
     count = T if T is not None else initial_count
-    if count is not None and not 0 <= count <= base.INT32_MAX:
+    if count is not None and not 0 <= count <= checks.INT32_MAX:
         raise ValueError(f"{where}: T = {count} does not fit the int32 count of the transformation")
     transformation = _transformation(
         node.operator.op_type, node.attributes, learning_rate, count, accumulator_dtype
@@ -522,11 +501,12 @@ def from_model(
     names = list(node.group("X"))
     params = _nest(names, [jnp.asarray(v) for v in stored["X"]], model)
     init: Any = transformation.init(params)
-    state_trees = [
-        _nest(names, [jnp.asarray(v) for v in stored[group]], model)
-        for group in node.operator.state_groups
-    ]
-    state = type(init)(init.count, *state_trees)
+    state = init._replace(
+        **{
+            field: _nest(names, [jnp.asarray(v) for v in stored[letter]], model)
+            for letter, field in node.operator.state_inputs
+        }
+    )
     return ImportedModel(
         transformation=transformation,
         params=params,
@@ -556,7 +536,7 @@ def _check_bindings(
                 f"update_binding['{key}'] = '{value}': '{value}' is not an output of the "
                 f"training algorithm (its outputs: {sorted(algorithm_outputs)})"
             )
-    for group in ("X", *node.operator.state_groups):
+    for group in ("X", *node.state_groups):
         label = "new value" if group == "X" else f"new {group}"
         for x, stored, produced in zip(
             node.group("X"), node.group(group), node.output_group(group), strict=True

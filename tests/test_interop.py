@@ -71,13 +71,13 @@ def test_from_node_keeps_float32_attributes(name: str) -> None:
     tx = interop.from_node(node, 0.1)
     for key, value in attributes.items():
         expected = value if isinstance(value, str) else float(np.float32(value))
-        assert tx.onnx_spec.attributes[key] == expected
+        assert tx.hyperparameters._asdict()[key] == expected
     # And it computes what the op computes with the node's attributes.
     x, g = jnp.array([0.5, -1.0]), jnp.array([0.25, 0.75])
     state = tx.init(x)
     updates, state = jax.jit(tx.update)(g, state, x)
     spec = read_node(node)
-    zeros = [np.zeros(2, np.float32)] * (len(spec.operator.state_groups))
+    zeros = [np.zeros(2, np.float32)] * (len(spec.state_groups))
     outputs = spec.run(np.float32(0.1), int(tx.init(x).count), x, g, *zeros)
     np.testing.assert_allclose(optax.apply_updates(x, updates), outputs[0], **tolerance("float32"))
 
@@ -86,7 +86,7 @@ def test_from_node_uses_schema_defaults() -> None:
     node = helper.make_node(
         "Adam", ["R", "T", "X", "G", "V", "H"], ["X2", "V2", "H2"], domain=DOMAIN
     )
-    attributes = interop.from_node(node, 0.1).onnx_spec.attributes
+    attributes = interop.from_node(node, 0.1).hyperparameters._asdict()
     assert attributes == {
         "alpha": float(np.float32(0.9)),
         "beta": float(np.float32(0.999)),
@@ -216,10 +216,10 @@ def test_round_trip(name: str, several: bool, dtype: str) -> None:
     chex.assert_trees_all_equal(imported.params, params)
     chex.assert_trees_all_equal(imported.state, state)
     assert imported.T == int(state.count)
-    assert imported.R == float(np.asarray(tx.onnx_spec.learning_rate, dtype))
-    for key, value in tx.onnx_spec.attributes.items():
+    assert imported.R == float(np.asarray(tx.learning_rate, dtype))
+    for key, value in tx.hyperparameters._asdict().items():
         expected = value if isinstance(value, str) else float(np.float32(value))
-        assert imported.transformation.onnx_spec.attributes[key] == expected
+        assert imported.transformation.hyperparameters._asdict()[key] == expected
     # The imported optimizer continues exactly where the original would.
     grads = jax.tree.map(jnp.cos, params)
     original = tx.update(grads, state, params)
@@ -271,7 +271,7 @@ def test_step_model_runs_on_reference_and_backend(name: str, several: bool, dtyp
         for s in optimizer.state_names
     ]
     T = 3
-    R = np.asarray(tx.onnx_spec.learning_rate, dtype)
+    R = np.asarray(tx.learning_rate, dtype)
     feeds = [R, np.int64(T), *map(np.asarray, leaves), *grads, *(t for s in states for t in s)]
     ours = backend.prepare(model).run(feeds)
     reference = ReferenceEvaluator(model).run(
@@ -407,7 +407,7 @@ def test_from_model_learning_rate_input() -> None:
     ):
         interop.from_model(model)
     imported = interop.from_model(model, learning_rate=0.5)
-    assert imported.R is None and imported.transformation.onnx_spec.learning_rate == 0.5
+    assert imported.R is None and imported.transformation.learning_rate == 0.5
 
 
 def test_export_errors() -> None:

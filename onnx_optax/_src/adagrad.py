@@ -1,50 +1,55 @@
-"""ONNX ``ai.onnx.preview.training.Adagrad`` (opset 1): formula, transformation, op."""
+"""ONNX ``ai.onnx.preview.training.Adagrad`` (opset 1): state, kernel, transformation, op."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import DTypeLike
 
-from onnx_optax._src import base, tree
-
-_ATTRIBUTES = ("decay_factor", "epsilon", "norm_coefficient")
+from onnx_optax._src import checks, driver
+from onnx_optax._src.driver import Transformation, cast
 
 
 class AdagradState(NamedTuple):
     """State of :func:`onnx_optax.adagrad`: the ONNX T and H."""
 
     count: jax.Array  # type: ignore[assignment]  # shape=(), int32: T of the next update
-    h: base.PyTree  # like params: accumulated squared gradient (ONNX H)
+    h: driver.Params  # like params: accumulated squared gradient (ONNX H)
 
 
-def _check(where: str, hyperparameters: dict[str, Any]) -> None:
-    base.check_hyperparameter(where, "decay_factor", hyperparameters["decay_factor"], minimum=0.0)
-    base.check_hyperparameter(where, "epsilon", hyperparameters["epsilon"], minimum=0.0)
-    base.check_hyperparameter(where, "norm_coefficient", hyperparameters["norm_coefficient"])
+class AdagradAttributes(NamedTuple):
+    """The ONNX attributes of Adagrad, in schema order, with the schema's defaults."""
+
+    decay_factor: Any = 0.0  # >= 0
+    epsilon: Any = 1e-6  # >= 0
+    norm_coefficient: Any = 0.0
 
 
 # ------------------------------------------------------------------ the formula
 
 
-def decayed_learning_rate(R: jax.Array, T: jax.Array, decay_factor: jax.Array) -> jax.Array:
-    """``r = R / (1 + T * decay_factor)``, in the dtype of ``R``."""
-    return R / (1 + T.astype(R.dtype) * decay_factor)
+class _Scalars(NamedTuple):
+    epsilon: jax.Array
+    norm_coefficient: jax.Array | None  # None: known zero, X not read
+    r: jax.Array  # r = R / (1 + T * decay_factor)
 
 
-def adagrad_accumulate(g_regularized: jax.Array, h: jax.Array) -> jax.Array:
-    """``H_new = H + G_r * G_r``."""
-    return h + g_regularized * g_regularized
+def _scalars(a: AdagradAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
+    r = R / (1 + T.astype(dtype) * cast(a.decay_factor, dtype))
+    return _Scalars(cast(a.epsilon, dtype), cast(a.norm_coefficient, dtype), r)
 
 
-def adagrad_step(
-    g_regularized: jax.Array, h_new: jax.Array, r: jax.Array, *, epsilon: jax.Array
-) -> jax.Array:
-    """``r * G_r / (Sqrt(H_new) + epsilon)``: ``X_new = X - step``."""
-    return r * g_regularized / (jnp.sqrt(h_new) + epsilon)
+def _new_state(s: _Scalars, g_r: jax.Array, h: jax.Array) -> tuple[jax.Array]:
+    return (h + g_r * g_r,)
+
+
+def _step(
+    s: _Scalars, x: jax.Array | None, g_r: jax.Array, h_new: jax.Array
+) -> tuple[jax.Array, None]:
+    return s.r * g_r / (jnp.sqrt(h_new) + s.epsilon), None
 
 
 # ----------------------------------------------------------- the transformation
@@ -58,9 +63,9 @@ def adagrad(
     norm_coefficient: float = 0.0,
     initial_accumulator_value: float = 0.0,
     initial_count: int = 0,
-    accumulator_dtype: Any | None = None,
+    accumulator_dtype: DTypeLike | None = None,
     pack_leaves_below: int = 0,
-) -> optax.GradientTransformationExtraArgs:
+) -> Transformation:
     r"""ONNX Adagrad (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
     With learning rate :math:`R`, update count :math:`T` (``state.count``),
@@ -92,7 +97,8 @@ def adagrad(
       norm_coefficient: L2 coefficient; adds ``norm_coefficient * X`` to the
         gradient. A non-zero value needs ``params`` in ``update``; with zero the
         term is left out and ``params`` are not read.
-      initial_accumulator_value: the value H starts at.
+      initial_accumulator_value: the value H starts at; finite and >= 0 (a negative
+        H would make :math:`\sqrt{H'}` NaN).
       initial_count: the T used by the first update (default 0: ONNX calls the
         first Adagrad update "generally 0 or 1"; 0 makes ``decay_factor`` start
         at the undecayed R, as in PyTorch).
@@ -103,8 +109,8 @@ def adagrad(
         numbers. Not for parameters sharded across devices.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is an
-      :class:`AdagradState`.
+      An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
+      whose state is an :class:`AdagradState`.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, optax, onnx_optax
@@ -122,135 +128,22 @@ def adagrad(
       Duchi, Hazan and Singer, *Adaptive Subgradient Methods for Online Learning
       and Stochastic Optimization*, JMLR 2011.
     """
-    where = "onnx_optax.adagrad"
-    hyperparameters = {
-        "decay_factor": decay_factor,
-        "epsilon": epsilon,
-        "norm_coefficient": norm_coefficient,
-    }
-    _check(where, hyperparameters)
-    base.check_hyperparameter(where, "initial_accumulator_value", initial_accumulator_value)
-    base.check_learning_rate(where, learning_rate)
-    base.check_initial_count(where, initial_count)
-    state_dtype = base.check_accumulator_dtype(where, accumulator_dtype)
-    packing = tree.check_pack_leaves_below(where, pack_leaves_below)
-    reads_params = not base.is_static_zero(norm_coefficient)
-
-    def init_fn(params: base.PyTree) -> AdagradState:
-        return AdagradState(
-            count=base.initial_count_array(initial_count),
-            h=tree.init_state(where, params, state_dtype, initial_accumulator_value, packing or 0),
-        )
-
-    def update_fn(
-        updates: base.PyTree,
-        state: AdagradState,
-        params: base.PyTree | None = None,
-        **extra_args: Any,
-    ) -> tuple[base.PyTree, AdagradState]:
-        del extra_args
-        tree.check_update_arguments(where, AdagradState, state, updates, params, reads_params)
-        schedule, rate = base.split_learning_rate(learning_rate)
-        return _adagrad_update(
-            updates,
-            state,
-            params if reads_params else None,
-            rate,
-            hyperparameters,
-            schedule=schedule,
-            reads_params=reads_params,
-        )
-
-    spec = base.OnnxSpec(
-        "Adagrad",
-        hyperparameters,
-        learning_rate,
-        initial_count,
-        {
-            "initial_accumulator_value": initial_accumulator_value,
-            "accumulator_dtype": state_dtype,
-        },
+    checks.check_hyperparameter(
+        "onnx_optax.adagrad", "initial_accumulator_value", initial_accumulator_value, minimum=0.0
     )
-    return base.onnx_transformation(init_fn, update_fn, spec)
-
-
-@functools.partial(jax.jit, static_argnames=("schedule", "reads_params"))
-def _adagrad_update(
-    updates: base.PyTree,
-    state: AdagradState,
-    params: base.PyTree | None,
-    rate: Any,
-    hyperparameters: dict[str, Any],
-    *,
-    schedule: base.Schedule | None,
-    reads_params: bool,
-) -> tuple[base.PyTree, AdagradState]:
-    """The transformation's update, compiled (eager calls round like jitted ones)."""
-    R = base.learning_rate_at(schedule, rate, state.count)
-
-    @tree.per_dtype
-    def scalars(dtype: jnp.dtype) -> dict[str, jax.Array]:
-        cast = {name: base.as_dtype(value, dtype) for name, value in hyperparameters.items()}
-        cast["r"] = decayed_learning_rate(
-            base.as_dtype(R, dtype), state.count, cast["decay_factor"]
-        )
-        return cast
-
-    def new_state(dtype: jnp.dtype, g_r: jax.Array, h: jax.Array) -> tuple[jax.Array, ...]:
-        return (adagrad_accumulate(g_r, h),)
-
-    def update(
-        dtype: jnp.dtype, g_r: jax.Array, x: jax.Array | None, h_new: jax.Array
-    ) -> jax.Array:
-        s = scalars(dtype)
-        return -adagrad_step(g_r, h_new, s["r"], epsilon=s["epsilon"])
-
-    new_updates, (h,) = tree.apply_formula(
+    return driver.transformation(
+        OPERATOR,
         "onnx_optax.adagrad",
-        tree.Formula(lambda dtype: scalars(dtype)["norm_coefficient"], new_state, update),
-        updates,
-        params,
-        [("h", state.h)],
-        reads_params=reads_params,
-        why_params="norm_coefficient is non-zero (or not known at trace time) and the "
-        "formula reads X",
+        AdagradAttributes(decay_factor, epsilon, norm_coefficient),
+        learning_rate,
+        initial_count=initial_count,
+        accumulator_dtype=accumulator_dtype,
+        pack_leaves_below=pack_leaves_below,
+        initial_value=initial_accumulator_value,
     )
-    return new_updates, AdagradState(count=optax.safe_increment(state.count), h=h)
 
 
 # ----------------------------------------------------------------------- the op
-
-
-@functools.partial(jax.jit, static_argnames=_ATTRIBUTES)
-def _adagrad_op(
-    R: jax.Array,
-    T: jax.Array,
-    xs: list[jax.Array],
-    gs: list[jax.Array],
-    hs: list[jax.Array],
-    *,
-    decay_factor: float,
-    epsilon: float,
-    norm_coefficient: float,
-) -> tuple[jax.Array, ...]:
-    dtype = base.compute_dtype(xs[0].dtype)
-    r = decayed_learning_rate(base.as_dtype(R, dtype), T, base.as_dtype(decay_factor, dtype))
-    x_out, h_out = [], []
-    for x, g, h in zip(xs, gs, hs, strict=True):
-        x_c = x.astype(dtype)
-        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
-        x_r = x_c if norm_coefficient else None
-        g_r = tree.regularized_gradient(g_c, x_r, nc)
-        h_new = adagrad_accumulate(g_r, h.astype(dtype))
-        step = adagrad_step(
-            tree.regularized_gradient(g_c, x_r, nc, for_step=True),
-            h_new,
-            r,
-            epsilon=base.as_dtype(epsilon, dtype),
-        )
-        x_out.append((x_c - step).astype(x.dtype))
-        h_out.append(h_new.astype(x.dtype))
-    return (*x_out, *h_out)
 
 
 def adagrad_op(
@@ -296,12 +189,21 @@ def adagrad_op(
     References:
       ONNX operator ``ai.onnx.preview.training.Adagrad``, version 1.
     """
-    where = "onnx_optax.ops.adagrad"
-    attributes = base.check_attributes(
-        where, decay_factor=decay_factor, epsilon=epsilon, norm_coefficient=norm_coefficient
-    )
-    _check(where, attributes)
-    r = base.check_learning_rate_input(where, R)
-    t = base.check_count_input(where, T)
-    xs, gs, hs = base.split_variadic(where, inputs, ("X", "G", "H"))
-    return _adagrad_op(r, t, xs, gs, hs, **attributes)
+    attributes = AdagradAttributes(decay_factor, epsilon, norm_coefficient)
+    return driver.op(OPERATOR, "onnx_optax.ops.adagrad", R, T, inputs, attributes)
+
+
+OPERATOR = driver.Operator(
+    op_type="Adagrad",
+    attributes=AdagradAttributes,
+    ranges={"decay_factor": (0.0, None), "epsilon": (0.0, None)},
+    choices={},
+    optional_x_terms=("norm_coefficient",),
+    state=AdagradState,
+    state_inputs=(("H", "h"),),
+    scalars=_scalars,
+    new_state=_new_state,
+    step=_step,
+    factory=adagrad,
+    op=adagrad_op,
+)

@@ -1,75 +1,89 @@
-"""ONNX ``ai.onnx.preview.training.Adam`` (opset 1): formula, transformation, op."""
+"""ONNX ``ai.onnx.preview.training.Adam`` (opset 1): state, kernel, transformation, op."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import DTypeLike
 
-from onnx_optax._src import base, tree
-
-_ATTRIBUTES = ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post")
+from onnx_optax._src import driver
+from onnx_optax._src.driver import Transformation, cast
 
 
 class AdamState(NamedTuple):
     """State of :func:`onnx_optax.adam`: the ONNX T, V and H."""
 
     count: jax.Array  # type: ignore[assignment]  # shape=(), int32: T of the next update
-    v: base.PyTree  # like params: exponentially averaged gradient (ONNX V)
-    h: base.PyTree  # like params: exponentially averaged squared gradient (ONNX H)
+    v: driver.Params  # like params: exponentially averaged gradient (ONNX V)
+    h: driver.Params  # like params: exponentially averaged squared gradient (ONNX H)
 
 
-def _check(where: str, hyperparameters: dict[str, Any]) -> None:
-    for name in ("alpha", "beta"):
-        base.check_hyperparameter(where, name, hyperparameters[name], minimum=0.0, maximum=1.0)
-    base.check_hyperparameter(where, "epsilon", hyperparameters["epsilon"], minimum=0.0)
-    base.check_hyperparameter(where, "norm_coefficient", hyperparameters["norm_coefficient"])
-    base.check_hyperparameter(
-        where, "norm_coefficient_post", hyperparameters["norm_coefficient_post"]
-    )
+class AdamAttributes(NamedTuple):
+    """The ONNX attributes of Adam, in schema order, with the schema's defaults."""
+
+    alpha: Any = 0.9  # in [0, 1]
+    beta: Any = 0.999  # in [0, 1]
+    epsilon: Any = 1e-6  # >= 0 (some renderings of the documentation print 0.0)
+    norm_coefficient: Any = 0.0
+    norm_coefficient_post: Any = 0.0
 
 
 # ------------------------------------------------------------------ the formula
 
 
-def one_minus_power(base_: jax.Array, T: jax.Array) -> jax.Array:
-    """``1 - base_**T`` for an integer ``T >= 0``, to full relative precision.
+def one_minus_power(base: jax.Array, T: jax.Array) -> jax.Array:
+    """``1 - base**T`` for an integer ``T >= 0``, to full relative precision.
 
-    Computed as ``-expm1(T * log1p(base_ - 1))``: the naive float32
+    Computed as ``-expm1(T * log1p(base - 1))``: the naive float32
     ``1 - 0.9999**2`` keeps only ~4 correct digits, this keeps ~7 (the error is
-    a few ulp for every ``base_`` in [0, 1] and every T). A zero result is +0,
+    a few ulp for every ``base`` in [0, 1] and every T). A zero result is +0,
     as ``1 - 1**T`` is.
     """
-    one_minus = -jnp.expm1(T.astype(base_.dtype) * jnp.log1p(base_ - 1))
+    one_minus = -jnp.expm1(T.astype(base.dtype) * jnp.log1p(base - 1))
     return jnp.where(one_minus == 0, jnp.zeros_like(one_minus), one_minus)
 
 
-def adjusted_learning_rate(R: jax.Array, T: jax.Array, alpha: jax.Array, beta: jax.Array) -> Any:
-    """``R_adjusted = T > 0 ? R * Sqrt(1 - beta**T) / (1 - alpha**T) : R``.
+class _Scalars(NamedTuple):
+    alpha: jax.Array
+    beta: jax.Array
+    epsilon: jax.Array
+    norm_coefficient: jax.Array | None  # None: known zero, X not read
+    norm_coefficient_post: jax.Array | None  # None: known zero
+    r_adjusted: jax.Array  # R_adjusted = T > 0 ? R sqrt(1 - beta**T) / (1 - alpha**T) : R
 
-    ``R``, ``alpha`` and ``beta`` are in the compute dtype; ``T`` is an integer.
-    """
+
+def _scalars(a: AdamAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
+    alpha, beta = cast(a.alpha, dtype), cast(a.beta, dtype)
     corrected = R * jnp.sqrt(one_minus_power(beta, T)) / one_minus_power(alpha, T)
-    return jnp.where(T > 0, corrected, R)
+    return _Scalars(
+        alpha=alpha,
+        beta=beta,
+        epsilon=cast(a.epsilon, dtype),
+        norm_coefficient=cast(a.norm_coefficient, dtype),
+        norm_coefficient_post=cast(a.norm_coefficient_post, dtype),
+        r_adjusted=jnp.where(T > 0, corrected, R),
+    )
 
 
-def adam_moments(
-    g_regularized: jax.Array, v: jax.Array, h: jax.Array, *, alpha: jax.Array, beta: jax.Array
+def _new_state(
+    s: _Scalars, g_r: jax.Array, v: jax.Array, h: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """``V_new = alpha V + (1 - alpha) G_r`` and ``H_new = beta H + (1 - beta) G_r G_r``."""
-    v_new = alpha * v + (1 - alpha) * g_regularized
-    h_new = beta * h + (1 - beta) * g_regularized * g_regularized
+    v_new = s.alpha * v + (1 - s.alpha) * g_r
+    h_new = s.beta * h + (1 - s.beta) * g_r * g_r
     return v_new, h_new
 
 
-def adam_step(
-    v_new: jax.Array, h_new: jax.Array, r_adjusted: jax.Array, *, epsilon: jax.Array
-) -> jax.Array:
-    """``R_adjusted * V_new / (Sqrt(H_new) + epsilon)``: ``X_new = X - step``."""
-    return r_adjusted * v_new / (jnp.sqrt(h_new) + epsilon)
+def _step(
+    s: _Scalars, x: jax.Array | None, g_r: jax.Array, v_new: jax.Array, h_new: jax.Array
+) -> tuple[jax.Array, jax.Array | None]:
+    step = s.r_adjusted * v_new / (jnp.sqrt(h_new) + s.epsilon)
+    if s.norm_coefficient_post is None:
+        return step, None
+    assert x is not None
+    return step, (1 - s.norm_coefficient_post) * (x - step)
 
 
 # ----------------------------------------------------------- the transformation
@@ -84,9 +98,9 @@ def adam(
     norm_coefficient: float = 0.0,
     norm_coefficient_post: float = 0.0,
     initial_count: int = 1,
-    accumulator_dtype: Any | None = None,
+    accumulator_dtype: DTypeLike | None = None,
     pack_leaves_below: int = 0,
-) -> optax.GradientTransformationExtraArgs:
+) -> Transformation:
     r"""ONNX Adam (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
     With learning rate :math:`R`, update count :math:`T` (``state.count``),
@@ -138,8 +152,8 @@ def adam(
         leaves, same numbers. Not for parameters sharded across devices.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is an
-      :class:`AdamState`.
+      An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
+      whose state is an :class:`AdamState`.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, optax, onnx_optax
@@ -157,141 +171,18 @@ def adam(
       ONNX operator ``ai.onnx.preview.training.Adam``, version 1.
       Kingma and Ba, *Adam: A Method for Stochastic Optimization*, 2015.
     """
-    where = "onnx_optax.adam"
-    hyperparameters = {
-        "alpha": alpha,
-        "beta": beta,
-        "epsilon": epsilon,
-        "norm_coefficient": norm_coefficient,
-        "norm_coefficient_post": norm_coefficient_post,
-    }
-    _check(where, hyperparameters)
-    base.check_learning_rate(where, learning_rate)
-    base.check_initial_count(where, initial_count)
-    state_dtype = base.check_accumulator_dtype(where, accumulator_dtype)
-    packing = tree.check_pack_leaves_below(where, pack_leaves_below)
-    post_is_zero = base.is_static_zero(norm_coefficient_post)
-    reads_params = not (base.is_static_zero(norm_coefficient) and post_is_zero)
-
-    def init_fn(params: base.PyTree) -> AdamState:
-        return AdamState(
-            count=base.initial_count_array(initial_count),
-            v=tree.init_state(where, params, state_dtype, 0.0, packing or 0),
-            h=tree.init_state(where, params, state_dtype, 0.0, packing or 0),
-        )
-
-    def update_fn(
-        updates: base.PyTree,
-        state: AdamState,
-        params: base.PyTree | None = None,
-        **extra_args: Any,
-    ) -> tuple[base.PyTree, AdamState]:
-        del extra_args
-        tree.check_update_arguments(where, AdamState, state, updates, params, reads_params)
-        schedule, rate = base.split_learning_rate(learning_rate)
-        return _adam_update(
-            updates,
-            state,
-            params if reads_params else None,
-            rate,
-            hyperparameters,
-            schedule=schedule,
-            reads_params=reads_params,
-            post_is_zero=post_is_zero,
-        )
-
-    spec = base.OnnxSpec(
-        "Adam", hyperparameters, learning_rate, initial_count, {"accumulator_dtype": state_dtype}
-    )
-    return base.onnx_transformation(init_fn, update_fn, spec)
-
-
-@functools.partial(jax.jit, static_argnames=("schedule", "reads_params", "post_is_zero"))
-def _adam_update(
-    updates: base.PyTree,
-    state: AdamState,
-    params: base.PyTree | None,
-    rate: Any,
-    hyperparameters: dict[str, Any],
-    *,
-    schedule: base.Schedule | None,
-    reads_params: bool,
-    post_is_zero: bool,
-) -> tuple[base.PyTree, AdamState]:
-    """The transformation's update, compiled (eager calls round like jitted ones)."""
-    R = base.learning_rate_at(schedule, rate, state.count)
-
-    @tree.per_dtype
-    def scalars(dtype: jnp.dtype) -> dict[str, jax.Array]:
-        cast = {name: base.as_dtype(value, dtype) for name, value in hyperparameters.items()}
-        cast["r_adjusted"] = adjusted_learning_rate(
-            base.as_dtype(R, dtype), state.count, cast["alpha"], cast["beta"]
-        )
-        return cast
-
-    def new_state(
-        dtype: jnp.dtype, g_r: jax.Array, v: jax.Array, h: jax.Array
-    ) -> tuple[jax.Array, ...]:
-        s = scalars(dtype)
-        return adam_moments(g_r, v, h, alpha=s["alpha"], beta=s["beta"])
-
-    def update(
-        dtype: jnp.dtype, g_r: jax.Array, x: jax.Array | None, v_new: jax.Array, h_new: jax.Array
-    ) -> jax.Array:
-        s = scalars(dtype)
-        step = adam_step(v_new, h_new, s["r_adjusted"], epsilon=s["epsilon"])
-        if post_is_zero:
-            return -step
-        assert x is not None
-        return (1 - s["norm_coefficient_post"]) * (x - step) - x
-
-    new_updates, (v, h) = tree.apply_formula(
+    return driver.transformation(
+        OPERATOR,
         "onnx_optax.adam",
-        tree.Formula(lambda dtype: scalars(dtype)["norm_coefficient"], new_state, update),
-        updates,
-        params,
-        [("v", state.v), ("h", state.h)],
-        reads_params=reads_params,
-        why_params="norm_coefficient or norm_coefficient_post is non-zero (or not known at "
-        "trace time) and the formula reads X",
+        AdamAttributes(alpha, beta, epsilon, norm_coefficient, norm_coefficient_post),
+        learning_rate,
+        initial_count=initial_count,
+        accumulator_dtype=accumulator_dtype,
+        pack_leaves_below=pack_leaves_below,
     )
-    return new_updates, AdamState(count=optax.safe_increment(state.count), v=v, h=h)
 
 
 # ----------------------------------------------------------------------- the op
-
-
-@functools.partial(jax.jit, static_argnames=_ATTRIBUTES)
-def _adam_op(
-    R: jax.Array,
-    T: jax.Array,
-    xs: list[jax.Array],
-    gs: list[jax.Array],
-    vs: list[jax.Array],
-    hs: list[jax.Array],
-    *,
-    alpha: float,
-    beta: float,
-    epsilon: float,
-    norm_coefficient: float,
-    norm_coefficient_post: float,
-) -> tuple[jax.Array, ...]:
-    dtype = base.compute_dtype(xs[0].dtype)
-    alpha_, beta_ = base.as_dtype(alpha, dtype), base.as_dtype(beta, dtype)
-    r_adjusted = adjusted_learning_rate(base.as_dtype(R, dtype), T, alpha_, beta_)
-    post = base.as_dtype(norm_coefficient_post, dtype)
-    x_out, v_out, h_out = [], [], []
-    for x, g, v, h in zip(xs, gs, vs, hs, strict=True):
-        x_c = x.astype(dtype)
-        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
-        x_r = x_c if norm_coefficient else None
-        g_r = tree.regularized_gradient(g_c, x_r, nc)
-        v_new, h_new = adam_moments(g_r, v.astype(dtype), h.astype(dtype), alpha=alpha_, beta=beta_)
-        step = adam_step(v_new, h_new, r_adjusted, epsilon=base.as_dtype(epsilon, dtype))
-        x_out.append(((1 - post) * (x_c - step)).astype(x.dtype))
-        v_out.append(v_new.astype(x.dtype))
-        h_out.append(h_new.astype(x.dtype))
-    return (*x_out, *v_out, *h_out)
 
 
 def adam_op(
@@ -345,17 +236,21 @@ def adam_op(
     References:
       ONNX operator ``ai.onnx.preview.training.Adam``, version 1.
     """
-    where = "onnx_optax.ops.adam"
-    attributes = base.check_attributes(
-        where,
-        alpha=alpha,
-        beta=beta,
-        epsilon=epsilon,
-        norm_coefficient=norm_coefficient,
-        norm_coefficient_post=norm_coefficient_post,
-    )
-    _check(where, attributes)
-    r = base.check_learning_rate_input(where, R)
-    t = base.check_count_input(where, T)
-    xs, gs, vs, hs = base.split_variadic(where, inputs, ("X", "G", "V", "H"))
-    return _adam_op(r, t, xs, gs, vs, hs, **attributes)
+    attributes = AdamAttributes(alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+    return driver.op(OPERATOR, "onnx_optax.ops.adam", R, T, inputs, attributes)
+
+
+OPERATOR = driver.Operator(
+    op_type="Adam",
+    attributes=AdamAttributes,
+    ranges={"alpha": (0.0, 1.0), "beta": (0.0, 1.0), "epsilon": (0.0, None)},
+    choices={},
+    optional_x_terms=("norm_coefficient", "norm_coefficient_post"),
+    state=AdamState,
+    state_inputs=(("V", "v"), ("H", "h")),
+    scalars=_scalars,
+    new_state=_new_state,
+    step=_step,
+    factory=adam,
+    op=adam_op,
+)

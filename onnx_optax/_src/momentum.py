@@ -1,73 +1,69 @@
-"""ONNX ``ai.onnx.preview.training.Momentum`` (opset 1): formula, transformation, op."""
+"""ONNX ``ai.onnx.preview.training.Momentum`` (opset 1): state, kernel, transformation, op."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import DTypeLike
 
-from onnx_optax._src import base, tree
+from onnx_optax._src import driver
+from onnx_optax._src.driver import Transformation, cast
 
-_ATTRIBUTES = ("alpha", "beta", "mode", "norm_coefficient")
-MODES = ("standard", "nesterov")
+Mode = Literal["standard", "nesterov"]
 
 
 class MomentumState(NamedTuple):
     """State of :func:`onnx_optax.momentum`: the ONNX T and V."""
 
     count: jax.Array  # type: ignore[assignment]  # shape=(), int32: T of the next update
-    v: base.PyTree  # like params: the momentum (ONNX V)
+    v: driver.Params  # like params: the momentum (ONNX V)
 
 
-def check_mode(where: str, mode: Any) -> None:
-    """``mode`` must be exactly "standard" or "nesterov"."""
-    if not isinstance(mode, str):
-        raise TypeError(
-            f"{where}: mode must be the string 'standard' or 'nesterov', "
-            f"got {type(mode).__name__} {mode!r}"
-        )
-    if mode not in MODES:
-        raise ValueError(f"{where}: mode must be 'standard' or 'nesterov', got {mode!r}")
+class MomentumAttributes(NamedTuple):
+    """The ONNX attributes of Momentum, in schema order; the schema requires all four."""
 
-
-def _check(where: str, hyperparameters: dict[str, Any]) -> None:
-    for name in ("alpha", "beta", "norm_coefficient"):
-        base.check_hyperparameter(where, name, hyperparameters[name])
+    alpha: Any
+    beta: Any
+    mode: Any  # "standard" or "nesterov"
+    norm_coefficient: Any
 
 
 # ------------------------------------------------------------------ the formula
 
 
-def adjusted_beta(T: jax.Array, beta: jax.Array) -> jax.Array:
-    """``beta_adjusted = T > 0 ? beta : 1``."""
-    return jnp.where(T > 0, beta, jnp.ones_like(beta))
+class _Scalars(NamedTuple):
+    alpha: jax.Array
+    beta_adjusted: jax.Array  # T > 0 ? beta : 1
+    norm_coefficient: jax.Array | None  # None: known zero, X not read
+    R: jax.Array
+    nesterov: bool
 
 
-def momentum_velocity(
-    g_regularized: jax.Array, v: jax.Array, beta_adjusted: jax.Array, *, alpha: jax.Array
-) -> jax.Array:
-    """``V_new = alpha * V + beta_adjusted * G_r``."""
-    return alpha * v + beta_adjusted * g_regularized
+def _scalars(a: MomentumAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
+    beta = cast(a.beta, dtype)
+    beta_adjusted = jnp.where(T > 0, beta, jnp.ones_like(beta))
+    return _Scalars(
+        cast(a.alpha, dtype),
+        beta_adjusted,
+        cast(a.norm_coefficient, dtype),
+        R,
+        a.mode == "nesterov",
+    )
 
 
-def momentum_step(
-    g_regularized: jax.Array,
-    v_new: jax.Array,
-    R: jax.Array,
-    *,
-    alpha: jax.Array,
-    nesterov: bool,
-) -> jax.Array:
-    """``R * V_new`` (standard) or ``R * (G_r + alpha * V_new)`` (Nesterov).
+def _new_state(s: _Scalars, g_r: jax.Array, v: jax.Array) -> tuple[jax.Array]:
+    return (s.alpha * v + s.beta_adjusted * g_r,)
 
-    ``X_new = X - step``.
-    """
-    if nesterov:
-        return R * (g_regularized + alpha * v_new)
-    return R * v_new
+
+def _step(
+    s: _Scalars, x: jax.Array | None, g_r: jax.Array, v_new: jax.Array
+) -> tuple[jax.Array, None]:
+    if s.nesterov:
+        return s.R * (g_r + s.alpha * v_new), None
+    return s.R * v_new, None
 
 
 # ----------------------------------------------------------- the transformation
@@ -79,11 +75,11 @@ def momentum(
     alpha: float,
     beta: float,
     norm_coefficient: float,
-    mode: Literal["standard", "nesterov"] = "standard",
+    mode: Mode = "standard",
     initial_count: int = 0,
-    accumulator_dtype: Any | None = None,
+    accumulator_dtype: DTypeLike | None = None,
     pack_leaves_below: int = 0,
-) -> optax.GradientTransformationExtraArgs:
+) -> Transformation:
     r"""ONNX Momentum (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
     With learning rate :math:`R`, update count :math:`T` (``state.count``),
@@ -128,8 +124,8 @@ def momentum(
         numbers. Not for parameters sharded across devices.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`MomentumState`.
+      An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
+      whose state is a :class:`MomentumState`.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, optax, onnx_optax
@@ -147,51 +143,15 @@ def momentum(
       Sutskever et al., *On the importance of initialization and momentum in deep
       learning*, ICML 2013.
     """
-    where = "onnx_optax.momentum" if mode != "nesterov" else "onnx_optax.nesterov"
-    hyperparameters = {"alpha": alpha, "beta": beta, "norm_coefficient": norm_coefficient}
-    check_mode(where, mode)
-    _check(where, hyperparameters)
-    base.check_learning_rate(where, learning_rate)
-    base.check_initial_count(where, initial_count)
-    state_dtype = base.check_accumulator_dtype(where, accumulator_dtype)
-    packing = tree.check_pack_leaves_below(where, pack_leaves_below)
-    reads_params = not base.is_static_zero(norm_coefficient)
-    nesterov = mode == "nesterov"
-
-    def init_fn(params: base.PyTree) -> MomentumState:
-        return MomentumState(
-            count=base.initial_count_array(initial_count),
-            v=tree.init_state(where, params, state_dtype, 0.0, packing or 0),
-        )
-
-    def update_fn(
-        updates: base.PyTree,
-        state: MomentumState,
-        params: base.PyTree | None = None,
-        **extra_args: Any,
-    ) -> tuple[base.PyTree, MomentumState]:
-        del extra_args
-        tree.check_update_arguments(where, MomentumState, state, updates, params, reads_params)
-        schedule, rate = base.split_learning_rate(learning_rate)
-        return _momentum_update(
-            updates,
-            state,
-            params if reads_params else None,
-            rate,
-            hyperparameters,
-            schedule=schedule,
-            reads_params=reads_params,
-            nesterov=nesterov,
-        )
-
-    spec = base.OnnxSpec(
-        "Momentum",
-        {**hyperparameters, "mode": mode},
+    return driver.transformation(
+        OPERATOR,
+        "onnx_optax.nesterov" if mode == "nesterov" else "onnx_optax.momentum",
+        MomentumAttributes(alpha, beta, mode, norm_coefficient),
         learning_rate,
-        initial_count,
-        {"accumulator_dtype": state_dtype},
+        initial_count=initial_count,
+        accumulator_dtype=accumulator_dtype,
+        pack_leaves_below=pack_leaves_below,
     )
-    return base.onnx_transformation(init_fn, update_fn, spec)
 
 
 def nesterov(
@@ -201,9 +161,9 @@ def nesterov(
     beta: float,
     norm_coefficient: float,
     initial_count: int = 0,
-    accumulator_dtype: Any | None = None,
+    accumulator_dtype: DTypeLike | None = None,
     pack_leaves_below: int = 0,
-) -> optax.GradientTransformationExtraArgs:
+) -> Transformation:
     r"""ONNX Momentum with ``mode="nesterov"``: :func:`momentum` with that mode.
 
     .. math::
@@ -220,8 +180,8 @@ def nesterov(
       pack_leaves_below: see :func:`momentum`.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`MomentumState`.
+      An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
+      whose state is a :class:`MomentumState`.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, onnx_optax
@@ -246,88 +206,7 @@ def nesterov(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("schedule", "reads_params", "nesterov"))
-def _momentum_update(
-    updates: base.PyTree,
-    state: MomentumState,
-    params: base.PyTree | None,
-    rate: Any,
-    hyperparameters: dict[str, Any],
-    *,
-    schedule: base.Schedule | None,
-    reads_params: bool,
-    nesterov: bool,
-) -> tuple[base.PyTree, MomentumState]:
-    """The transformation's update, compiled (eager calls round like jitted ones)."""
-    R = base.learning_rate_at(schedule, rate, state.count)
-
-    @tree.per_dtype
-    def scalars(dtype: jnp.dtype) -> dict[str, jax.Array]:
-        cast = {name: base.as_dtype(value, dtype) for name, value in hyperparameters.items()}
-        cast["R"] = base.as_dtype(R, dtype)
-        cast["beta_adjusted"] = adjusted_beta(state.count, cast["beta"])
-        return cast
-
-    def new_state(dtype: jnp.dtype, g_r: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
-        s = scalars(dtype)
-        return (momentum_velocity(g_r, v, s["beta_adjusted"], alpha=s["alpha"]),)
-
-    def update(
-        dtype: jnp.dtype, g_r: jax.Array, x: jax.Array | None, v_new: jax.Array
-    ) -> jax.Array:
-        s = scalars(dtype)
-        return -momentum_step(g_r, v_new, s["R"], alpha=s["alpha"], nesterov=nesterov)
-
-    new_updates, (v,) = tree.apply_formula(
-        "onnx_optax.nesterov" if nesterov else "onnx_optax.momentum",
-        tree.Formula(lambda dtype: scalars(dtype)["norm_coefficient"], new_state, update),
-        updates,
-        params,
-        [("v", state.v)],
-        reads_params=reads_params,
-        why_params="norm_coefficient is non-zero (or not known at trace time) and the "
-        "formula reads X",
-    )
-    return new_updates, MomentumState(count=optax.safe_increment(state.count), v=v)
-
-
 # ----------------------------------------------------------------------- the op
-
-
-@functools.partial(jax.jit, static_argnames=_ATTRIBUTES)
-def _momentum_op(
-    R: jax.Array,
-    T: jax.Array,
-    xs: list[jax.Array],
-    gs: list[jax.Array],
-    vs: list[jax.Array],
-    *,
-    alpha: float,
-    beta: float,
-    mode: str,
-    norm_coefficient: float,
-) -> tuple[jax.Array, ...]:
-    dtype = base.compute_dtype(xs[0].dtype)
-    R_ = base.as_dtype(R, dtype)
-    alpha_ = base.as_dtype(alpha, dtype)
-    beta_adjusted = adjusted_beta(T, base.as_dtype(beta, dtype))
-    x_out, v_out = [], []
-    for x, g, v in zip(xs, gs, vs, strict=True):
-        x_c = x.astype(dtype)
-        g_c, nc = g.astype(dtype), base.as_dtype(norm_coefficient, dtype)
-        x_r = x_c if norm_coefficient else None
-        g_r = tree.regularized_gradient(g_c, x_r, nc)
-        v_new = momentum_velocity(g_r, v.astype(dtype), beta_adjusted, alpha=alpha_)
-        step = momentum_step(
-            tree.regularized_gradient(g_c, x_r, nc, for_step=True),
-            v_new,
-            R_,
-            alpha=alpha_,
-            nesterov=mode == "nesterov",
-        )
-        x_out.append((x_c - step).astype(x.dtype))
-        v_out.append(v_new.astype(x.dtype))
-    return (*x_out, *v_out)
 
 
 def momentum_op(
@@ -336,7 +215,7 @@ def momentum_op(
     *inputs: Any,
     alpha: float,
     beta: float,
-    mode: Literal["standard", "nesterov"],
+    mode: Mode,
     norm_coefficient: float,
 ) -> tuple[jax.Array, ...]:
     r"""The ONNX Momentum op: ``(R, T, X_1..X_n, G_1..G_n, V_1..V_n)``.
@@ -377,12 +256,21 @@ def momentum_op(
     References:
       ONNX operator ``ai.onnx.preview.training.Momentum``, version 1.
     """
-    where = "onnx_optax.ops.momentum"
-    check_mode(where, mode)
-    attributes = base.check_attributes(
-        where, alpha=alpha, beta=beta, norm_coefficient=norm_coefficient
-    )
-    r = base.check_learning_rate_input(where, R)
-    t = base.check_count_input(where, T)
-    xs, gs, vs = base.split_variadic(where, inputs, ("X", "G", "V"))
-    return _momentum_op(r, t, xs, gs, vs, mode=mode, **attributes)
+    attributes = MomentumAttributes(alpha, beta, mode, norm_coefficient)
+    return driver.op(OPERATOR, "onnx_optax.ops.momentum", R, T, inputs, attributes)
+
+
+OPERATOR = driver.Operator(
+    op_type="Momentum",
+    attributes=MomentumAttributes,
+    ranges={},
+    choices={"mode": ("standard", "nesterov")},
+    optional_x_terms=("norm_coefficient",),
+    state=MomentumState,
+    state_inputs=(("V", "v"),),
+    scalars=_scalars,
+    new_state=_new_state,
+    step=_step,
+    factory=momentum,
+    op=momentum_op,
+)

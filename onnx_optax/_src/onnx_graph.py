@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.base import refuse_truncation
+from onnx_optax._src.checks import refuse_truncation
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OptimizerNode,

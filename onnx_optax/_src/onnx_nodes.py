@@ -1,24 +1,25 @@
 """Reading and writing ONNX optimizer nodes (needs the ``onnx`` package).
 
-One table describes the three operators of ``ai.onnx.preview.training``: their
-variadic input groups, attributes and the op that runs them. The backend, the
-importer and the exporter all go through :func:`read_node`, which checks a
-``NodeProto`` against that table and the ONNX schema (defaults, required
-attributes, attribute types, input and output counts).
+The operators' own descriptions (``registry.OPERATORS``) say what a node of each
+holds: its variadic input groups, attributes and the op that runs it. The
+backend, the importer and the exporter all go through :func:`read_node`, which
+checks a ``NodeProto`` against that description and the ONNX schema (defaults,
+required attributes, attribute types, input and output counts).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+import onnx
+from onnx import helper
 
-from onnx_optax._src.adagrad import adagrad_op
-from onnx_optax._src.adam import adam_op
-from onnx_optax._src.momentum import MODES, momentum_op
+from onnx_optax._src.driver import Operator
+from onnx_optax._src.registry import OPERATORS
 
 DOMAIN = "ai.onnx.preview.training"
 OPSET_VERSION = 1
@@ -28,43 +29,7 @@ class UnsupportedOperatorError(NotImplementedError):
     """An ONNX node that onnx_optax cannot run or import."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Operator:
-    """One ONNX training operator: its variadic input groups and attributes."""
-
-    op_type: str
-    groups: tuple[str, ...]  # X, G, then the state tensors, in ONNX input order
-    float_attributes: tuple[str, ...]
-    string_attributes: tuple[str, ...]
-    op: Callable[..., tuple[jax.Array, ...]]
-
-    @property
-    def state_groups(self) -> tuple[str, ...]:
-        return self.groups[2:]
-
-    @property
-    def attributes(self) -> tuple[str, ...]:
-        return self.float_attributes + self.string_attributes
-
-
-OPERATORS: dict[str, Operator] = {
-    "Adagrad": Operator(
-        "Adagrad", ("X", "G", "H"), ("decay_factor", "epsilon", "norm_coefficient"), (), adagrad_op
-    ),
-    "Adam": Operator(
-        "Adam",
-        ("X", "G", "V", "H"),
-        ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"),
-        (),
-        adam_op,
-    ),
-    "Momentum": Operator(
-        "Momentum", ("X", "G", "V"), ("alpha", "beta", "norm_coefficient"), ("mode",), momentum_op
-    ),
-}
-
-
-def unsupported(node: Any, runs: str) -> UnsupportedOperatorError:
+def unsupported(node: onnx.NodeProto, runs: str) -> UnsupportedOperatorError:
     """The error for a node of an op onnx_optax does not run; ``runs`` says what it does."""
     return UnsupportedOperatorError(
         f"{describe(node)}: unsupported op {node.op_type} in domain "
@@ -72,7 +37,7 @@ def unsupported(node: Any, runs: str) -> UnsupportedOperatorError:
     )
 
 
-def describe(node: Any) -> str:
+def describe(node: onnx.NodeProto) -> str:
     """How errors name a node: its name (if any), op type and domain."""
     name = f"'{node.name}' " if node.name else ""
     domain = node.domain or "ai.onnx"
@@ -81,9 +46,6 @@ def describe(node: Any) -> str:
 
 def schema_defaults(op_type: str) -> dict[str, Any]:
     """The attribute defaults of the ONNX schema (float32 values, as Python floats)."""
-    import onnx
-    from onnx import helper
-
     schema = onnx.defs.get_schema(op_type, OPSET_VERSION, DOMAIN)
     return {
         name: helper.get_attribute_value(attribute.default_value)
@@ -96,12 +58,17 @@ def schema_defaults(op_type: str) -> dict[str, Any]:
 class OptimizerNode:
     """A checked optimizer node: its operator, complete attributes and tensor names."""
 
-    operator: Operator
+    operator: Operator  # the operator's own description (registry.OPERATORS)
     attributes: Mapping[str, Any]  # every attribute, schema defaults filled in
     inputs: tuple[str, ...]  # R, T, then the variadic tensors in ONNX order
     outputs: tuple[str, ...]
     name: str
     description: str  # how errors name the node, as describe() does
+
+    @property
+    def state_groups(self) -> tuple[str, ...]:
+        """The letters of the operator's state inputs, e.g. ``("V", "H")``."""
+        return self.operator.groups[2:]
 
     @property
     def n_tensors(self) -> int:
@@ -115,7 +82,7 @@ class OptimizerNode:
     def output_group(self, group: str) -> tuple[str, ...]:
         """The output names of X_new or of a state group's new values."""
         n = self.n_tensors
-        k = 0 if group == "X" else 1 + self.operator.state_groups.index(group)
+        k = 0 if group == "X" else 1 + self.state_groups.index(group)
         return self.outputs[k * n : (k + 1) * n]
 
     def run(self, R: Any, T: Any, *tensors: Any) -> tuple[jax.Array, ...]:
@@ -123,29 +90,24 @@ class OptimizerNode:
         return self.operator.op(R, T, *tensors, **self.attributes)
 
 
-def read_node(node: Any) -> OptimizerNode:
+def read_node(node: onnx.NodeProto) -> OptimizerNode:
     """Checks an optimizer ``NodeProto`` and reads it; raises a clear error if it is not one."""
-    import onnx
-    from onnx import helper
-
     if not isinstance(node, onnx.NodeProto):
         raise TypeError(f"expected an onnx.NodeProto, got {type(node).__name__}")
     where = describe(node)
     if node.domain != DOMAIN or node.op_type not in OPERATORS:
         raise unsupported(node, f"implements Adagrad, Adam and Momentum of '{DOMAIN}'")
     operator = OPERATORS[node.op_type]
+    names = operator.attributes._fields
     attributes = schema_defaults(node.op_type)
     for attribute in node.attribute:
         name = attribute.name
-        if name not in operator.attributes:
+        if name not in names:
             raise ValueError(
-                f"{where}: unknown attribute '{name}'; {node.op_type} has "
-                f"{', '.join(operator.attributes)}"
+                f"{where}: unknown attribute '{name}'; {node.op_type} has {', '.join(names)}"
             )
         expected = (
-            onnx.AttributeProto.FLOAT
-            if name in operator.float_attributes
-            else onnx.AttributeProto.STRING
+            onnx.AttributeProto.STRING if name in operator.choices else onnx.AttributeProto.FLOAT
         )
         if attribute.type != expected:
             raise TypeError(
@@ -155,16 +117,18 @@ def read_node(node: Any) -> OptimizerNode:
             )
         value = helper.get_attribute_value(attribute)
         attributes[name] = value.decode() if isinstance(value, bytes) else value
-    missing = [name for name in operator.attributes if name not in attributes]
+    missing = [name for name in names if name not in attributes]
     if missing:
         raise ValueError(
             f"{where}: missing required attribute(s) {', '.join(missing)} (the ONNX schema of "
             f"{node.op_type} has no default for them)"
         )
-    if "mode" in attributes and attributes["mode"] not in MODES:
-        raise ValueError(
-            f"{where}: attribute mode must be 'standard' or 'nesterov', got {attributes['mode']!r}"
-        )
+    for name, choices in operator.choices.items():
+        if attributes[name] not in choices:
+            wanted = " or ".join(repr(choice) for choice in choices)
+            raise ValueError(
+                f"{where}: attribute {name} must be {wanted}, got {attributes[name]!r}"
+            )
     k = len(operator.groups)
     n_inputs = len(node.input)
     if n_inputs < 2 + k or (n_inputs - 2) % k:
@@ -178,7 +142,7 @@ def read_node(node: Any) -> OptimizerNode:
         raise ValueError(
             f"{where}: has {len(node.output)} outputs; with {n} optimized tensor(s) "
             f"{node.op_type} produces {expected_outputs} "
-            f"({', '.join(g + '_new' for g in ('X', *operator.state_groups))} for each)"
+            f"({', '.join(g + '_new' for g in ('X', *operator.groups[2:]))} for each)"
         )
     if any(not name for name in [*node.input, *node.output]):
         raise ValueError(f"{where}: an input or output name is empty; none is optional")
@@ -198,22 +162,20 @@ def make_node(
     names: list[str],
     *,
     node_name: str = "",
-) -> Any:
+) -> onnx.NodeProto:
     """An optimizer ``NodeProto`` for tensors ``names`` with conventional I/O names.
 
     Inputs are ``R``, ``T``, then ``<name>`` (X), ``<name>.grad`` (G) and
-    ``<name>.<state>`` (e.g. ``w.v``); outputs ``<name>.new`` and
-    ``<name>.<state>.new``, all in ONNX order.
+    ``<name>.<field>`` (the state field, e.g. ``w.v``); outputs ``<name>.new``
+    and ``<name>.<field>.new``, all in ONNX order.
     """
-    from onnx import helper
-
     operator = OPERATORS[op_type]
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"tensor names must be distinct and non-empty, got {names}")
     inputs = ["R", "T", *names, *(f"{n}.grad" for n in names)]
-    inputs += [f"{n}.{s.lower()}" for s in operator.state_groups for n in names]
+    inputs += [f"{n}.{field}" for field in operator.fields for n in names]
     outputs = [f"{n}.new" for n in names]
-    outputs += [f"{n}.{s.lower()}.new" for s in operator.state_groups for n in names]
+    outputs += [f"{n}.{field}.new" for field in operator.fields for n in names]
     clashes = {"R", "T"} & set(names)
     if clashes:
         raise ValueError(f"tensor names {sorted(clashes)} clash with the inputs R and T")
@@ -228,6 +190,5 @@ def make_node(
 
 
 def to_numpy_dtype(elem_type: int) -> np.dtype:
-    from onnx import helper
-
+    """The numpy dtype of an ONNX tensor element type."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
