@@ -54,3 +54,10 @@ def dtype(request: pytest.FixtureRequest) -> Iterator[str]:
             yield request.param
     else:
         yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_promotion() -> Iterator[None]:
+    """Implicit rank promotion (broadcasting a vector against a matrix) is an error too."""
+    with jax.numpy_rank_promotion("raise"):
+        yield

@@ -8,6 +8,7 @@ the same table.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,16 @@ import numpy as np
 import optax
 
 import onnx_optax
+from onnx_optax._src.registry import OPTIMIZERS as REGISTRY
 from tests import oracle
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+DOMAIN = "ai.onnx.preview.training"
+
+
+def keyed_rng(*key: Any) -> np.random.Generator:
+    """A generator seeded by ``key``, so that each parametrized case draws its own numbers."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def f32(value: float) -> float:
@@ -101,7 +111,7 @@ _nesterov_op, _nesterov_oracle = _mode_bound("nesterov")
 OPTIMIZERS: dict[str, Optimizer] = {
     "adagrad": Optimizer(
         name="adagrad",
-        state_names=("h",),
+        state_names=REGISTRY["adagrad"][0].fields,
         draw_attributes=_adagrad_attributes,
         op=onnx_optax.ops.adagrad,
         make=onnx_optax.adagrad,
@@ -112,7 +122,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
     ),
     "adam": Optimizer(
         name="adam",
-        state_names=("v", "h"),
+        state_names=REGISTRY["adam"][0].fields,
         draw_attributes=_adam_attributes,
         op=onnx_optax.ops.adam,
         make=onnx_optax.adam,
@@ -123,7 +133,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
     ),
     "momentum": Optimizer(
         name="momentum",
-        state_names=("v",),
+        state_names=REGISTRY["momentum"][0].fields,
         draw_attributes=_momentum_attributes,
         op=_momentum_op,
         make=onnx_optax.momentum,
@@ -138,7 +148,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
     ),
     "nesterov": Optimizer(
         name="nesterov",
-        state_names=("v",),
+        state_names=REGISTRY["nesterov"][0].fields,
         draw_attributes=_momentum_attributes,
         op=_nesterov_op,
         make=onnx_optax.nesterov,

@@ -18,9 +18,7 @@ import optax
 import pytest
 
 import onnx_optax
-from tests.optimizers import NAMES, OPTIMIZERS, Optimizer
-
-INT32_MAX = int(np.iinfo(np.int32).max)
+from tests.optimizers import INT32_MAX, NAMES, OPTIMIZERS, Optimizer
 
 
 def _make(optimizer: Optimizer, learning_rate: Any = None, **kwargs: Any) -> Any:

@@ -18,9 +18,8 @@ import numpy as np
 import optax
 import pytest
 
-from tests.optimizers import NAMES, OPTIMIZERS
+from tests.optimizers import INT32_MAX, NAMES, OPTIMIZERS
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 DEFAULT_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "adagrad": {"decay_factor": 0.1, "epsilon": 1e-6, "norm_coefficient": 0.0},
     "adam": {

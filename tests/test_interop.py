@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import chex
@@ -13,7 +12,7 @@ import optax
 import pytest
 
 import onnx_optax
-from tests.optimizers import OPTIMIZERS, random_state_tensor, tolerance
+from tests.optimizers import DOMAIN, OPTIMIZERS, keyed_rng, random_state_tensor, tolerance
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
@@ -23,12 +22,7 @@ from onnx_optax import backend, interop  # noqa: E402
 from onnx_optax._src.onnx_graph import GraphFunction  # noqa: E402
 from onnx_optax._src.onnx_nodes import make_node, read_node  # noqa: E402
 
-DOMAIN = interop.DOMAIN
 NAMES = list(OPTIMIZERS)
-
-
-def _rng(*key: Any) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def _transformation(name: str, rng: np.random.Generator, **kwargs: Any) -> Any:
@@ -60,7 +54,7 @@ def _state_after_steps(tx: Any, params: Any, steps: int) -> Any:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_from_node_keeps_float32_attributes(name: str) -> None:
-    rng = _rng("node", name)
+    rng = keyed_rng("node", name)
     attributes = OPTIMIZERS[name].draw_attributes(rng)
     # Not float32-representable on purpose: the node stores float32.
     attributes = {k: v + 1e-9 if v else v for k, v in attributes.items()}
@@ -206,7 +200,7 @@ def test_backend_run_node_names_the_node_on_mismatched_inputs() -> None:
 @pytest.mark.parametrize("several", [False, True], ids=["one", "several"])
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip(name: str, several: bool, dtype: str) -> None:
-    rng = _rng("round", name, several, dtype)
+    rng = keyed_rng("round", name, several, dtype)
     tx = _transformation(name, rng)
     params = _params(rng, dtype, several)
     state = _state_after_steps(tx, params, steps=3)
@@ -230,7 +224,7 @@ def test_round_trip(name: str, several: bool, dtype: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_exported_training_step_runs_like_the_transformation(name: str) -> None:
     """The model's training algorithm, run on XLA, is one update of the transformation."""
-    rng = _rng("algo", name)
+    rng = keyed_rng("algo", name)
     tx = _transformation(name, rng)
     params = _params(rng, "float32", several=True)
     state = _state_after_steps(tx, params, steps=2)
@@ -258,7 +252,7 @@ def test_exported_training_step_runs_like_the_transformation(name: str) -> None:
 @pytest.mark.parametrize("several", [False, True], ids=["one", "several"])
 @pytest.mark.parametrize("name", NAMES)
 def test_step_model_runs_on_reference_and_backend(name: str, several: bool, dtype: str) -> None:
-    rng = _rng("step", name, several, dtype)
+    rng = keyed_rng("step", name, several, dtype)
     optimizer = OPTIMIZERS[name]
     tx = _transformation(name, rng)
     params = _params(rng, dtype, several)
@@ -303,7 +297,7 @@ def test_step_model_runs_on_reference_and_backend(name: str, several: bool, dtyp
 
 
 def _model(name: str = "adam") -> Any:
-    rng = _rng("bind", name)
+    rng = keyed_rng("bind", name)
     tx = _transformation(name, rng)
     params = _params(rng, "float32", several=True)
     return interop.to_model(tx, params, tx.init(params))

@@ -7,7 +7,6 @@ one and several tensors, float32 and float64, under jit and without.
 from __future__ import annotations
 
 import itertools
-import zlib
 from typing import Any
 
 import chex
@@ -22,15 +21,12 @@ from tests.optimizers import (
     OPTIMIZERS,
     Optimizer,
     assert_close_to_oracle,
+    keyed_rng,
     random_state_tensor,
 )
 
 SHAPES = [(), (0,), (1,), (7,), (3, 4), (2, 3, 4), (2, 0, 3)]
 COUNTS = [0, 1, 2, 7, 1000]
-
-
-def _rng(*key: Any) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def _problem(
@@ -80,7 +76,7 @@ def _scale(problem: dict[str, Any]) -> float:
 @pytest.mark.parametrize("name", NAMES)
 def test_op_matches_oracle(name: str, T: int, n_tensors: int, use_jit: bool, dtype: str) -> None:
     optimizer = OPTIMIZERS[name]
-    problem = _problem(optimizer, dtype, n_tensors, _rng("op", name, T, n_tensors, dtype))
+    problem = _problem(optimizer, dtype, n_tensors, keyed_rng("op", name, T, n_tensors, dtype))
 
     def run(R: Any, T: Any, *inputs: Any) -> Any:
         return optimizer.op(R, T, *inputs, **problem["attributes"])
@@ -116,7 +112,7 @@ def test_transform_matches_op(name: str, T: int, n_tensors: int, use_jit: bool, 
     ``optax.apply_updates`` afterwards.
     """
     optimizer = OPTIMIZERS[name]
-    problem = _problem(optimizer, dtype, n_tensors, _rng("tx", name, T, n_tensors, dtype))
+    problem = _problem(optimizer, dtype, n_tensors, keyed_rng("tx", name, T, n_tensors, dtype))
     attributes = problem["attributes"]
     tx, state, params = _transform_inputs(optimizer, problem, T)
     update = jax.jit(tx.update) if use_jit else tx.update
@@ -157,7 +153,7 @@ def test_fused_training_step_matches_op_bit_for_bit(name: str, T: int, dtype: st
     the transformation and the op with the same fused arithmetic.
     """
     optimizer = OPTIMIZERS[name]
-    problem = _problem(optimizer, dtype, 3, _rng("fused", name, T, dtype))
+    problem = _problem(optimizer, dtype, 3, keyed_rng("fused", name, T, dtype))
     attributes = {
         **problem["attributes"],
         **({"norm_coefficient_post": 0.0} if name == "adam" else {}),
@@ -205,7 +201,7 @@ def _run_oracle_steps(
 def test_many_steps_match_oracle(name: str, schedule: bool, dtype: str) -> None:
     """60 updates in a row stay within tolerance of the oracle run."""
     optimizer = OPTIMIZERS[name]
-    rng = _rng("steps", name, schedule, dtype)
+    rng = keyed_rng("steps", name, schedule, dtype)
     steps = 60
     attributes = optimizer.draw_attributes(rng)
     shapes = [(5,), (2, 3), ()]

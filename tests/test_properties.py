@@ -25,9 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.optimizers import NAMES, OPTIMIZERS, Optimizer
+from tests.optimizers import INT32_MAX, NAMES, OPTIMIZERS, Optimizer
 
-INT32_MAX = int(np.iinfo(np.int32).max)
 DTYPES = ("float32", "float64")
 
 

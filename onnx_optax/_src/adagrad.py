@@ -103,10 +103,8 @@ def adagrad(
         first Adagrad update "generally 0 or 1"; 0 makes ``decay_factor`` start
         at the undecayed R, as in PyTorch).
       accumulator_dtype: dtype of H (default: the parameters' dtype).
-      pack_leaves_below: if > 0, H of parameters with fewer elements is packed
-        into one flat buffer per dtype (a :class:`~onnx_optax.PackedTree`, read per
-        parameter with ``.unpack()``): much faster for many small leaves, same
-        numbers. Not for parameters sharded across devices.
+      pack_leaves_below: if > 0, the accumulator of every parameter with fewer
+        elements lives in a shared flat buffer (see :func:`onnx_optax.adam`).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
@@ -131,16 +129,12 @@ def adagrad(
     checks.check_hyperparameter(
         "onnx_optax.adagrad", "initial_accumulator_value", initial_accumulator_value, minimum=0.0
     )
-    return driver.transformation(
-        OPERATOR,
-        "onnx_optax.adagrad",
-        AdagradAttributes(decay_factor, epsilon, norm_coefficient),
-        learning_rate,
-        initial_count=initial_count,
-        accumulator_dtype=accumulator_dtype,
-        pack_leaves_below=pack_leaves_below,
-        initial_value=initial_accumulator_value,
+    attributes = AdagradAttributes(decay_factor, epsilon, norm_coefficient)
+    options = driver.Options(
+        initial_count, accumulator_dtype, pack_leaves_below, initial_accumulator_value
     )
+    where = "onnx_optax.adagrad"
+    return driver.transformation(OPERATOR, where, attributes, learning_rate, options)
 
 
 # ----------------------------------------------------------------------- the op

@@ -171,15 +171,10 @@ def adam(
       ONNX operator ``ai.onnx.preview.training.Adam``, version 1.
       Kingma and Ba, *Adam: A Method for Stochastic Optimization*, 2015.
     """
-    return driver.transformation(
-        OPERATOR,
-        "onnx_optax.adam",
-        AdamAttributes(alpha, beta, epsilon, norm_coefficient, norm_coefficient_post),
-        learning_rate,
-        initial_count=initial_count,
-        accumulator_dtype=accumulator_dtype,
-        pack_leaves_below=pack_leaves_below,
-    )
+    attributes = AdamAttributes(alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+    options = driver.Options(initial_count, accumulator_dtype, pack_leaves_below)
+    where = "onnx_optax.adam"
+    return driver.transformation(OPERATOR, where, attributes, learning_rate, options)
 
 
 # ----------------------------------------------------------------------- the op

@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -342,22 +342,24 @@ def _apply(
 # --------------------------------------------------------------------------
 
 
+class Options(NamedTuple):
+    """A factory's arguments that are not ONNX attributes."""
+
+    initial_count: Any  # the T of the first update
+    accumulator_dtype: Any  # the state's dtype (None: the parameters')
+    pack_leaves_below: Any  # pack the state of leaves smaller than this (0: never)
+    initial_value: Any = 0.0  # the state's value at init (Adagrad's initial_accumulator_value)
+
+
 def transformation(
     operator: Operator,
     where: str,
     hyperparameters: Any,
     learning_rate: optax.ScalarOrSchedule,
-    *,
-    initial_count: Any,
-    accumulator_dtype: Any,
-    pack_leaves_below: Any,
-    initial_value: Any = 0.0,
+    options: Options,
 ) -> Transformation:
-    """The optax transformation of ``operator`` with ``hyperparameters`` (its attributes).
-
-    ``initial_value`` fills the state at ``init`` (Adagrad's
-    ``initial_accumulator_value``; 0 otherwise).
-    """
+    """The optax transformation of ``operator`` with ``hyperparameters`` (its attributes)."""
+    initial_count, accumulator_dtype, pack_leaves_below, initial_value = options
     checks.check_attributes(
         where, hyperparameters, operator.ranges, operator.choices, constant=False
     )

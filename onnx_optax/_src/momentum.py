@@ -118,10 +118,8 @@ def momentum(
       mode: ``"standard"`` or ``"nesterov"``; any other value is an error.
       initial_count: the T used by the first update (default 0, as ONNX says).
       accumulator_dtype: dtype of V (default: the parameters' dtype).
-      pack_leaves_below: if > 0, V of parameters with fewer elements is packed
-        into one flat buffer per dtype (a :class:`~onnx_optax.PackedTree`, read per
-        parameter with ``.unpack()``): much faster for many small leaves, same
-        numbers. Not for parameters sharded across devices.
+      pack_leaves_below: if > 0, the momentum of every parameter with fewer
+        elements lives in a shared flat buffer (see :func:`onnx_optax.adam`).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` (a :class:`Transformation`)
@@ -143,15 +141,10 @@ def momentum(
       Sutskever et al., *On the importance of initialization and momentum in deep
       learning*, ICML 2013.
     """
-    return driver.transformation(
-        OPERATOR,
-        "onnx_optax.nesterov" if mode == "nesterov" else "onnx_optax.momentum",
-        MomentumAttributes(alpha, beta, mode, norm_coefficient),
-        learning_rate,
-        initial_count=initial_count,
-        accumulator_dtype=accumulator_dtype,
-        pack_leaves_below=pack_leaves_below,
-    )
+    attributes = MomentumAttributes(alpha, beta, mode, norm_coefficient)
+    options = driver.Options(initial_count, accumulator_dtype, pack_leaves_below)
+    where = "onnx_optax.nesterov" if mode == "nesterov" else "onnx_optax.momentum"
+    return driver.transformation(OPERATOR, where, attributes, learning_rate, options)
 
 
 def nesterov(
