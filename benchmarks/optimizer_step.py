@@ -591,7 +591,7 @@ def notes(
     if in_cache and cache:
         sizes = ", ".join(f"{w} {b / 2**20:.1f} MiB" for w, b in in_cache.items())
         lines.append(
-            f"* the working set (X, G and state: {sizes}) fits in this host's "
+            f"starred (*) workloads: the working set (X, G and state: {sizes}) fits in this host's "
             f"{cache / 2**20:.0f} MiB last-level cache: these rows measure cache, not memory "
             "bandwidth, and 'of roofline' (against a triad that also runs from cache) can "
             "exceed 1"
@@ -675,8 +675,8 @@ def summarize(rows: list[Row]) -> list[str]:
                 "optax.adam's time"
             )
     for other, label in (
-        ("torch.optim foreach", "torch.optim foreach"),
-        ("onnx.reference", "the onnx.reference formulas"),
+        ("torch.optim foreach", "torch.optim foreach's"),
+        ("onnx.reference", "the onnx.reference formulas'"),
     ):
         ratios = []
         for row in rows:
@@ -686,8 +686,8 @@ def summarize(rows: list[Row]) -> list[str]:
                     ratios.append(row.seconds / theirs)
         if ratios:
             lines.append(
-                f"vs {label}: onnx_optax transform takes {min(ratios):.2f}x to "
-                f"{max(ratios):.2f}x their time"
+                f"vs {other}: onnx_optax transform takes {min(ratios):.2f}x to "
+                f"{max(ratios):.2f}x {label} time"
             )
     return lines
 

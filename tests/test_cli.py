@@ -168,7 +168,7 @@ def test_bench_smoke_prints_every_row_and_its_notes(tmp_path: pathlib.Path) -> N
     assert "smoke mode:" in out and "mean nothing" in out
     if pathlib.Path("/sys/devices/system/cpu/cpu0/cache").is_dir():  # Linux: cache size known
         assert "1 tensor, 4K *" in out
-        assert "* the working set" in out
+        assert "starred (*) workloads: the working set" in out
     assert ("skipped torch.optim foreach: torch is not installed" in out) == (
         importlib.util.find_spec("torch") is None
     )
