@@ -14,6 +14,7 @@ import onnx_optax
 from onnx_optax import cli
 
 OPTIMIZERS = ("adagrad", "adam", "momentum", "nesterov")
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _python(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -157,7 +158,8 @@ def test_importing_without_the_onnx_extra_names_the_extra(module: str) -> None:
 
 def test_bench_smoke_prints_every_row_and_its_notes(tmp_path: pathlib.Path) -> None:
     markdown = tmp_path / "bench.md"
-    result = _run("bench", "--smoke", "--markdown", str(markdown), cwd=tmp_path)
+    # From the checkout's root, as a user would; found there even if the package is installed.
+    result = _run("bench", "--smoke", "--markdown", str(markdown), cwd=REPOSITORY)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "x optax's time" in out
@@ -191,6 +193,7 @@ def test_bench_outside_a_checkout_exits_2(
     assert "run onnx-optax bench from a clone" in capsys.readouterr().err
 
 
-def test_bench_finds_the_harness_of_this_checkout() -> None:
+def test_bench_finds_the_harness_of_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPOSITORY)  # found next to the package source, or else in the cwd
     path = cli.find_benchmark()
     assert path is not None and path.name == "optimizer_step.py"
