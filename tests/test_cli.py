@@ -117,7 +117,7 @@ def test_conformance_prints_its_table_and_passes() -> None:
     assert all(row.endswith(" pass") for row in rows)
     assert any(row.startswith("test_nesterov_momentum ") for row in rows)
     assert any(" float64 " in row for row in rows)
-    labels = [(row[:40].strip(), row.split()[-6]) for row in rows]
+    labels = [" ".join(row[: row.index(" float") + 8].split()) for row in rows]  # case, dtype
     assert len(set(labels)) == len(labels), "every row has its own label"
     # float64 Adam is judged at float32 precision, and the footnote says why.
     adam64 = [row for row in rows if " adam " in row and " float64 " in row]

@@ -226,15 +226,16 @@ def run_conformance(seed: int = 0, rounds: int = 3, long: bool = False) -> int:
     devices = ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())
     print(f"onnx_optax conformance on {devices}; jax {jax.__version__}", flush=True)
     rows = _node_case_rows() + _differential_rows(seed, rounds, wide=long)
+    width = max(40, *(len(row.case) for row in rows))  # --long's T needs more room
     header = (
-        f"{'case':<40} {'dtype':<8} {'max abs err':>12} {'max rel err':>12}  "
+        f"{'case':<{width}} {'dtype':<8} {'max abs err':>12} {'max rel err':>12}  "
         f"{'tolerance':<24} result"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row.case:<40} {row.dtype:<8} {row.max_abs:>12.3e} {row.max_rel:>12.3e}  "
+            f"{row.case:<{width}} {row.dtype:<8} {row.max_abs:>12.3e} {row.max_rel:>12.3e}  "
             f"{row.tolerance:<24} {'pass' if row.passed else 'FAIL'}"
         )
     if any(row.tolerance.endswith(" [1]") for row in rows):
