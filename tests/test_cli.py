@@ -108,12 +108,12 @@ def test_demo_without_the_examples_extra_names_it() -> None:
 
 def test_conformance_prints_its_table_and_passes() -> None:
     pytest.importorskip("onnx")
-    result = _run("conformance", "--rounds", "1")
+    result = _run("conformance")  # 3 rounds: with seed 0, two used to share a label
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[-1] == "all 15 cases pass"
+    assert lines[-1] == "all 31 cases pass"
     rows = [line for line in lines[:-1] if line.endswith((" pass", " FAIL"))]
-    assert len(rows) == 7 + 4 * 2
+    assert len(rows) == 7 + 4 * 2 * 3
     assert all(row.endswith(" pass") for row in rows)
     assert any(row.startswith("test_nesterov_momentum ") for row in rows)
     assert any(" float64 " in row for row in rows)
