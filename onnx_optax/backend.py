@@ -20,7 +20,8 @@ Example:
   >>> print(x_new, v_new)
   [0. 0.] [2. 2.]
 
-Needs the ``onnx`` extra (``pip install onnx-optax[onnx]``).
+Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
+``pip install ".[onnx]"``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ from typing import Any
 
 import jax
 import numpy as np
-import onnx
-from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+from onnx_optax._src.extras import missing_extra
+
+try:
+    import onnx
+    from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+except ImportError as _error:
+    raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
 from onnx_optax._src.onnx_graph import CompiledNode, GraphFunction, check_feed
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError

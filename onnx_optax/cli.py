@@ -1,38 +1,112 @@
-"""The ``onnx-optax`` command line: ``demo``, ``conformance`` and ``bench``."""
+"""The ``onnx-optax`` command line: ``demo``, ``conformance`` and ``bench``.
+
+Exit status: 0 success (every conformance case passes), 1 a check failed (a
+conformance case), 2 a usage error or a missing optional dependency. With no
+command, ``onnx-optax`` prints its help and exits 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import pathlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+
+import onnx_optax
+from onnx_optax._src.extras import MissingExtraError, require
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# The benchmark harness lives in the repository, not in the package.
+BENCHMARK = pathlib.Path("benchmarks") / "optimizer_step.py"
+
+
+class UsageError(Exception):
+    """A command's arguments cannot work (exit status 2); the message says why."""
+
+
+def _writable_file(path: str, what: str) -> None:
+    """Raises :class:`UsageError` unless ``path`` can be written: checked before the work."""
+    folder = pathlib.Path(path).parent
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {what} {path!r}: the folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write {what} {path!r}: the folder {str(folder)!r} is read-only")
+    if pathlib.Path(path).is_dir():
+        raise UsageError(f"cannot write {what} {path!r}: it is a folder")
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.epochs < 1:
+        raise UsageError("--epochs must be at least 1")
+    if args.output:
+        _writable_file(args.output, "the plot")
+    require("onnx-optax demo", "examples", "flax", "sklearn", "matplotlib")
     from onnx_optax._src.demo import run_demo
 
     return run_demo(epochs=args.epochs, seed=args.seed, output=args.output)
 
 
 def _conformance(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    require("onnx-optax conformance", "onnx", "onnx", "onnx.reference")
     from onnx_optax._src.conformance import run_conformance
 
     return run_conformance(seed=args.seed, rounds=args.rounds, long=args.long)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from onnx_optax._src.bench import run_bench
+def find_benchmark() -> pathlib.Path | None:
+    """``benchmarks/optimizer_step.py`` of the checkout the package runs from, or of the cwd."""
+    source_root = pathlib.Path(onnx_optax.__file__).resolve().parent.parent
+    for root in (source_root, pathlib.Path.cwd()):
+        if (root / BENCHMARK).is_file():
+            return root / BENCHMARK
+    return None
 
-    return run_bench(
-        quick=args.quick, markdown=args.markdown, plot=args.plot, slow=not args.no_slow
+
+def _load(path: pathlib.Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("onnx_optax_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(args: argparse.Namespace) -> int:
+    path = find_benchmark()
+    if path is None:
+        raise UsageError(
+            f"the benchmark harness ({BENCHMARK}) is not installed with the package; run "
+            "onnx-optax bench from a clone of the repository (git clone, then pip install -e .)"
+        )
+    for target in (args.markdown, args.plot):
+        if target:
+            _writable_file(target, "the output")
+    if args.plot:
+        require("onnx-optax bench --plot", "examples", "matplotlib")
+    result: int = _load(path).run_bench(
+        mode="smoke" if args.smoke else "quick" if args.quick else "full",
+        markdown=args.markdown,
+        plot=args.plot,
+        slow=not args.no_slow,
     )
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-optax",
         description="ONNX training operators (Adagrad, Adam, Momentum) on JAX/XLA.",
+        epilog="exit status: 0 success, 1 a check failed (conformance), 2 a usage error or a "
+        "missing optional dependency",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {onnx_optax.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser(
         "demo",
@@ -50,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--output",
         default="onnx-optax-demo.png",
-        help="PNG file for the loss curves (default: onnx-optax-demo.png); '' to skip",
+        help="PNG file for the loss curves (default: onnx-optax-demo.png); '' to skip; its "
+        "folder must exist",
     )
     demo.set_defaults(run=_demo)
 
@@ -79,14 +154,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="time optimizer steps against optax, torch, onnx.reference and the memory roofline",
-        description="Time one step of adagrad, adam, momentum and nesterov on large tensors, a "
+        help="time optimizer steps against optax, torch, onnx.reference and the memory roofline "
+        "(from a clone of the repository)",
+        description="Run the benchmark harness benchmarks/optimizer_step.py of a repository "
+        "checkout: time one step of adagrad, adam, momentum and nesterov on large tensors, a "
         "model-shaped pytree, many small leaves and bfloat16 parameters: onnx_optax's "
         "transformation and op, optax's nearest built-in, torch.optim with foreach (if "
         "installed) and the onnx.reference formulas (if onnx is installed), against a jitted "
-        "triad that measures the memory bandwidth. Prints a table of medians and ratios.",
+        "triad that measures the memory bandwidth. Prints a table of medians and ratios to "
+        "optax's time. Not available from an installed wheel: run it from a clone.",
     )
-    bench.add_argument("--quick", action="store_true", help="small sizes, a minute or less")
+    size = bench.add_mutually_exclusive_group()
+    size.add_argument(
+        "--quick",
+        action="store_true",
+        help="small, in-cache sizes and few repeats (about a minute): checks that everything "
+        "runs, measures little",
+    )
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one round (seconds): a test of the harness",
+    )
     bench.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")
     bench.add_argument(
         "--plot", metavar="PATH", help="also time Adam from 1e3 to 6.4e7 elements; write a PNG"
@@ -99,11 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnx-optax`` command: ``demo``, ``conformance``, ``bench``.
 
-    Returns the process exit status (0 on success); ``onnx-optax COMMAND --help``
-    explains each command's options.
+    Returns the process exit status: 0 success, 1 a check failed, 2 a usage error
+    or a missing optional dependency (the message says which extra to install).
+    ``onnx-optax COMMAND --help`` explains each command's options.
     """
-    args = build_parser().parse_args(argv)
-    result: int = args.run(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        result: int = args.run(args)
+    except (UsageError, MissingExtraError) as error:
+        print(f"onnx-optax {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return result
 
 

@@ -24,7 +24,8 @@ Example:
   >>> sorted(imported.update_binding)
   ['T', 'b', 'b.h', 'b.v', 'w', 'w.h', 'w.v']
 
-Needs the ``onnx`` extra (``pip install onnx-optax[onnx]``).
+Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
+``pip install ".[onnx]"``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import onnx
 import optax
-from onnx import helper, numpy_helper
+
+from onnx_optax._src.extras import missing_extra
+
+try:
+    import onnx
+    from onnx import helper, numpy_helper
+except ImportError as _error:
+    raise missing_extra("onnx_optax.interop", "onnx", _error) from _error
 
 from onnx_optax._src import checks
 from onnx_optax._src.driver import Transformation

@@ -2,40 +2,198 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
+import onnx_optax
+from onnx_optax import cli
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+OPTIMIZERS = ("adagrad", "adam", "momentum", "nesterov")
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _python(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     return subprocess.run(
-        [sys.executable, "-m", "onnx_optax.cli", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
         check=False,
+        cwd=cwd,
     )
+
+
+def _run(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    return _python("-m", "onnx_optax", *args, cwd=cwd)
+
+
+def _blocked(*modules: str) -> str:
+    """Python source that makes ``modules`` unimportable, as if their extra were missing."""
+    return "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules)
 
 
 def test_help_lists_the_commands() -> None:
     result = _run("--help")
     assert result.returncode == 0
-    for command in ("demo", "conformance"):
+    for command in ("demo", "conformance", "bench", "exit status"):
         assert command in result.stdout
+
+
+def test_version() -> None:
+    result = _run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"onnx-optax {onnx_optax.__version__}"
+
+
+def test_the_module_and_the_cli_module_both_run() -> None:
+    for module in ("onnx_optax", "onnx_optax.cli"):
+        result = _python("-m", module, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "usage: onnx-optax" in result.stdout
+
+
+def test_no_command_prints_help_and_exits_2() -> None:
+    result = _run()
+    assert result.returncode == 2
+    assert "usage: onnx-optax" in result.stderr
+    assert "conformance" in result.stderr
+
+
+def test_an_unknown_option_is_a_usage_error() -> None:
+    result = _run("demo", "--epochs", "x")
+    assert result.returncode == 2
+    assert "invalid int value" in result.stderr
+
+
+def test_demo_output_to_a_missing_folder_exits_2_before_training(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "missing" / "curves.png"
+    result = _run("demo", "--output", str(target))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Training" not in result.stdout  # refused before any work
+
+
+def test_demo_one_epoch_trains_every_optimizer_and_plots(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("flax")
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "curves.png"
+    result = _run("demo", "--epochs", "1", "--output", str(target))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split("  ")[0].strip(): line.split() for line in result.stdout.splitlines()}
+    for name in ("onnx adagrad", "onnx adam", "onnx momentum", "onnx nesterov"):
+        assert name in rows, result.stdout
+        accuracy = float(rows[name][2])
+        assert 0.5 < accuracy <= 1.0  # one epoch already learns the digits
+    assert "optax.sgd nesterov" in rows
+    assert target.read_bytes().startswith(b"\x89PNG")
+
+
+def test_demo_without_the_examples_extra_names_it() -> None:
+    code = _blocked("flax") + "from onnx_optax.cli import main\nsys.exit(main(['demo']))\n"
+    result = _python("-c", code)
+    assert result.returncode == 2
+    assert 'pip install "onnx-optax[examples]"' in result.stderr
+    assert 'pip install ".[examples]"' in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_conformance_prints_its_table_and_passes() -> None:
     pytest.importorskip("onnx")
-    result = _run("conformance", "--rounds", "1")
+    result = _run("conformance")  # 3 rounds: with seed 0, two used to share a label
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[-1] == "all 15 cases pass"
+    assert lines[-1] == "all 31 cases pass"
     rows = [line for line in lines[:-1] if line.endswith((" pass", " FAIL"))]
-    assert len(rows) == 7 + 4 * 2
+    assert len(rows) == 7 + 4 * 2 * 3
     assert all(row.endswith(" pass") for row in rows)
     assert any(row.startswith("test_nesterov_momentum ") for row in rows)
     assert any(" float64 " in row for row in rows)
+    labels = [" ".join(row[: row.index(" float") + 8].split()) for row in rows]  # case, dtype
+    assert len(set(labels)) == len(labels), "every row has its own label"
+    # float64 Adam is judged at float32 precision, and the footnote says why.
+    adam64 = [row for row in rows if " adam " in row and " float64 " in row]
+    assert adam64 and all("16 ulp(float32) [1]" in row for row in adam64)
+    assert any(line.startswith("[1] float64 Adam is judged at float32") for line in lines)
+    # Progress goes to stderr as the cases run.
+    assert "node case 7/7" in result.stderr
+    assert "onnx.reference differential: nesterov float64" in result.stderr
+
+
+def test_conformance_without_the_onnx_extra_exits_2_and_says_how_to_install() -> None:
+    code = _blocked("onnx") + "from onnx_optax.cli import main\nsys.exit(main(['conformance']))\n"
+    result = _python("-c", code)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "needs the onnx extra" in result.stderr
+    assert 'pip install "onnx-optax[onnx]"' in result.stderr
+    assert 'pip install ".[onnx]"' in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("module", ["interop", "backend"])
+def test_importing_without_the_onnx_extra_names_the_extra(module: str) -> None:
+    code = _blocked("onnx") + (
+        "try:\n"
+        f"    import onnx_optax.{module}\n"
+        "except ImportError as error:\n"
+        "    print(type(error).__name__, type(error.__cause__).__name__)\n"
+        "    print(error)\n"
+    )
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
+    kind, message = result.stdout.split("\n", 1)
+    assert kind == "MissingExtraError ModuleNotFoundError"  # chained from the original
+    assert message.startswith(f"onnx_optax.{module} needs the onnx extra: ")
+    assert 'pip install "onnx-optax[onnx]"' in message
+    assert 'pip install ".[onnx]"' in message
+
+
+def test_bench_smoke_prints_every_row_and_its_notes(tmp_path: pathlib.Path) -> None:
+    markdown = tmp_path / "bench.md"
+    # From the checkout's root, as a user would; found there even if the package is installed.
+    result = _run("bench", "--smoke", "--markdown", str(markdown), cwd=REPOSITORY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "x optax's time" in out
+    for optimizer in OPTIMIZERS:
+        for implementation in ("optax", "onnx_optax transform", "onnx_optax op"):
+            assert f"{optimizer:<9} {implementation} " in out, (optimizer, implementation)
+        assert f"{optimizer:<9} onnx_optax transform, packed " in out
+    assert "smoke mode:" in out and "mean nothing" in out
+    if pathlib.Path("/sys/devices/system/cpu/cpu0/cache").is_dir():  # Linux: cache size known
+        assert "1 tensor, 4K *" in out
+        assert "starred (*) workloads: the working set" in out
+    assert ("skipped torch.optim foreach: torch is not installed" in out) == (
+        importlib.util.find_spec("torch") is None
+    )
+    assert "timing 1 tensor, 4K" in result.stderr  # progress as it goes
+    table = markdown.read_text()
+    assert table.count("| adam | optax |") == 2
+
+
+def test_bench_output_to_a_missing_folder_exits_2(tmp_path: pathlib.Path) -> None:
+    result = _run("bench", "--smoke", "--no-slow", "--markdown", str(tmp_path / "no" / "x.md"))
+    assert result.returncode == 2  # the folder is checked first
+    assert "does not exist" in result.stderr
+
+
+def test_bench_outside_a_checkout_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "find_benchmark", lambda: None)
+    assert cli.main(["bench", "--quick"]) == 2
+    assert "run onnx-optax bench from a clone" in capsys.readouterr().err
+
+
+def test_bench_finds_the_harness_of_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPOSITORY)  # found next to the package source, or else in the cwd
+    path = cli.find_benchmark()
+    assert path is not None and path.name == "optimizer_step.py"

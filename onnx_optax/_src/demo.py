@@ -11,6 +11,7 @@ downloaded. Needs the ``examples`` extra.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ import optax
 from jax.typing import ArrayLike
 
 import onnx_optax
+from onnx_optax._src.extras import require
 
 BATCH = 64
 
@@ -72,7 +74,7 @@ def train(
     *,
     epochs: int,
     seed: int,
-    report: Callable[[str], None] = print,
+    report: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> Result:
     """Trains the MLP with one optimizer; reports one line per epoch."""
     from flax import nnx
@@ -123,45 +125,65 @@ def train(
     return Result(name, losses, accuracy, 1e3 * step_time / max(timed_steps, 1))
 
 
+# Each ONNX optimizer and its optax counterpart, drawn in one panel.
+PAIRS = (
+    ("onnx adagrad", "optax.adagrad"),
+    ("onnx adam", "optax.adam"),
+    ("onnx momentum", "optax.sgd momentum"),
+    ("onnx nesterov", "optax.sgd nesterov"),
+)
+
+
+def difference(a: list[float], b: list[float]) -> str:
+    """The largest relative difference of two loss curves, in words."""
+    gap = max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b, strict=True))
+    return "identical" if gap == 0 else f"differ by up to {gap:.1%}"
+
+
 def plot(results: list[Result], path: str) -> None:
+    """One panel per ONNX optimizer and its optax counterpart, so that neither hides the other.
+
+    The ONNX curve is a wide pale line, optax's a thin dashed line with markers on top
+    of it in the same colour; each panel's title says how far apart they are.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    for result in results:
-        style = "-" if result.name.startswith("onnx") else "--"
-        ax.plot(range(1, len(result.losses) + 1), result.losses, style, label=result.name)
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("mean training loss")
-    ax.set_title("MLP on scikit-learn digits: ONNX optimizers (solid) vs optax (dashed)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    by_name = {r.name: r for r in results}
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=100, sharex=True, sharey=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (ours, theirs), colour in zip(axes.flat, PAIRS, colours, strict=False):
+        a, b = by_name[ours].losses, by_name[theirs].losses
+        epochs = range(1, len(a) + 1)
+        ax.plot(epochs, a, "-", color=colour, lw=5, alpha=0.35, label=ours)
+        ax.plot(epochs, b, "--", color=colour, lw=1.2, marker="o", ms=3, label=theirs)
+        ax.set_yscale("log")
+        ax.set_title(f"{ours} vs {theirs}: {difference(a, b)}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("epoch")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean training loss")
+    fig.suptitle("MLP on scikit-learn digits: each ONNX optimizer (wide) and optax's (dashed)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
 def run_demo(epochs: int, seed: int, output: str | None) -> int:
-    """The ``onnx-optax demo`` command."""
-    try:
-        import flax  # noqa: F401
-        import sklearn  # noqa: F401
-    except ImportError as error:
-        print(
-            "onnx-optax demo needs the examples extra: "
-            f"pip install 'onnx-optax[examples]' ({error})"
-        )
-        return 2
+    """The ``onnx-optax demo`` command; ``output`` is a PNG path in an existing folder."""
+    require("onnx-optax demo", "examples", "flax", "sklearn", "matplotlib")
     if epochs < 1:
-        print("onnx-optax demo: --epochs must be at least 1")
+        print("onnx-optax demo: --epochs must be at least 1", file=sys.stderr)
         return 2
     data = load_digits(seed)
     print(
         f"Training a 64-64-10 MLP on scikit-learn digits ({len(data[0])} train, {len(data[2])} "
-        f"test images) for {epochs} epochs, batch {BATCH}, on {jax.devices()[0].platform}:"
+        f"test images) for {epochs} epochs, batch {BATCH}, on {jax.devices()[0].platform}:",
+        flush=True,
     )
     results: list[Result] = []
     for name, make_tx in optimizers().items():
