@@ -43,37 +43,39 @@ import numpy as np
 import optax
 
 import onnx_optax
+from onnx_optax._src.registry import OPTIMIZERS as REGISTRY
 
 # ------------------------------------------------------------ the optimizers
 # Every per-optimizer table the harness reads is in this section.
 
-OPTIMIZERS = ("adagrad", "adam", "momentum", "nesterov")
-STATE = {"adagrad": ("h",), "adam": ("v", "h"), "momentum": ("v",), "nesterov": ("v",)}
+OPTIMIZERS = tuple(REGISTRY)  # adagrad, adam, momentum, nesterov
 LEARNING_RATE = 1e-3
-MOMENTUM = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
+# Momentum's attributes have no defaults: heavy ball, as optax.sgd(momentum=0.9).
+REQUIRED = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
 
 
-def _mode(name: str) -> str:
-    return "nesterov" if name == "nesterov" else "standard"
+def _attributes(name: str) -> dict[str, Any]:
+    """The attributes the harness sets: Momentum's required ones and its mode."""
+    operator, fixed = REGISTRY[name]
+    fields = operator.attributes._fields
+    required = [f for f in fields if f not in operator.attributes._field_defaults]
+    return {**{f: REQUIRED[f] for f in required if f not in fixed}, **fixed}
+
+
+def state_fields(name: str) -> tuple[str, ...]:
+    return REGISTRY[name][0].fields
 
 
 def onnx_op(name: str) -> Callable[..., Any]:
     """onnx_optax's op for ``name``, attributes bound: ``op(R, T, *X, *G, *state)``."""
-    if name == "adagrad":
-        return onnx_optax.ops.adagrad
-    if name == "adam":
-        return onnx_optax.ops.adam
-    return lambda *a: onnx_optax.ops.momentum(*a, mode=_mode(name), **MOMENTUM)
+    op, attributes = REGISTRY[name][0].op, _attributes(name)
+    return lambda *args: op(*args, **attributes)
 
 
 def onnx_transformation(name: str, accumulator_dtype: Any, packed: bool) -> Any:
     pack = 1 << 16 if packed else 0
     options = {"accumulator_dtype": accumulator_dtype, "pack_leaves_below": pack}
-    if name == "adagrad":
-        return onnx_optax.adagrad(LEARNING_RATE, **options)
-    if name == "adam":
-        return onnx_optax.adam(LEARNING_RATE, **options)
-    return onnx_optax.momentum(LEARNING_RATE, mode=_mode(name), **MOMENTUM, **options)
+    return REGISTRY[name][0].factory(LEARNING_RATE, **_attributes(name), **options)
 
 
 def optax_transformation(name: str, accumulator_dtype: Any) -> Any:
@@ -84,7 +86,7 @@ def optax_transformation(name: str, accumulator_dtype: Any) -> Any:
         return optax.adam(LEARNING_RATE, mu_dtype=accumulator_dtype)
     return optax.sgd(
         LEARNING_RATE,
-        momentum=MOMENTUM["alpha"],
+        momentum=REQUIRED["alpha"],
         nesterov=name == "nesterov",
         accumulator_dtype=accumulator_dtype,
     )
@@ -100,7 +102,7 @@ def torch_optimizer(name: str, tensors: list[Any]) -> Any:
     return torch.optim.SGD(
         tensors,
         lr=LEARNING_RATE,
-        momentum=MOMENTUM["alpha"],
+        momentum=REQUIRED["alpha"],
         nesterov=name == "nesterov",
         foreach=True,
     )
@@ -108,14 +110,12 @@ def torch_optimizer(name: str, tensors: list[Any]) -> Any:
 
 def onnx_node_type(name: str) -> tuple[str, dict[str, Any]]:
     """The ONNX op type and attributes of ``name``."""
-    if name in ("adagrad", "adam"):
-        return name.capitalize(), {}
-    return "Momentum", {**MOMENTUM, "mode": _mode(name)}
+    return REGISTRY[name][0].op_type, _attributes(name)
 
 
 def bytes_per_element(name: str, param_bytes: int = 4, state_bytes: int = 4) -> int:
     """Bytes one step moves per parameter: read X, G and the state, write X and the state."""
-    return 3 * param_bytes + 2 * state_bytes * len(STATE[name])
+    return 3 * param_bytes + 2 * state_bytes * len(state_fields(name))
 
 
 # ----------------------------------------------------------------- workloads
@@ -265,7 +265,7 @@ def _op_step(name: str, params: Any) -> Callable[[], Any]:
     n = len(leaves)
     grads = [jnp.full_like(p, 0.001) for p in leaves]
     holder: dict[str, Any] = {"xs": [jnp.copy(p) for p in leaves]}
-    holder["states"] = [[jnp.zeros_like(p) for p in leaves] for _ in STATE[name]]
+    holder["states"] = [[jnp.zeros_like(p) for p in leaves] for _ in state_fields(name)]
     op = onnx_op(name)
 
     def run(xs: Any, states: Any, grads: Any, T: Any) -> Any:
@@ -320,7 +320,7 @@ def _reference_step(name: str, params: Any) -> Callable[[], Any] | None:
     if any(p.dtype != np.float32 for p in leaves):
         return None
     n = len(leaves)
-    groups = ["X", "G", *(s.upper() for s in STATE[name])]
+    groups = list(REGISTRY[name][0].groups)
     inputs = ["R", "T"] + [f"{g}{i}" for g in groups for i in range(n)]
     outputs = [f"{g}{i}_new" for g in ["X", *groups[2:]] for i in range(n)]
     op_type, attributes = onnx_node_type(name)
@@ -330,7 +330,7 @@ def _reference_step(name: str, params: Any) -> Callable[[], Any] | None:
     evaluator = ReferenceEvaluator(node)
     feeds: dict[str, Any] = {"R": np.float32(LEARNING_RATE), "T": np.int64(1)}
     values = leaves + [np.full_like(p, 0.001) for p in leaves]
-    values += [np.zeros_like(p) for _ in STATE[name] for p in leaves]
+    values += [np.zeros_like(p) for _ in state_fields(name) for p in leaves]
     feeds.update(zip(inputs[2:], values, strict=True))
 
     def step() -> Any:

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from onnx_optax._src.registry import OPTIMIZERS
+
 DOMAIN = "ai.onnx.preview.training"
 NODE_CASES = (
     "test_adagrad",
@@ -147,9 +149,7 @@ def _attributes(op: str, rng: np.random.Generator, wide: bool) -> dict[str, Any]
         if name == "one_minus_beta":
             name, value = "beta", 1.0 - value
         values[name] = float(np.float32(value))
-    if op in ("momentum", "nesterov"):
-        values["mode"] = "nesterov" if op == "nesterov" else "standard"
-    return values
+    return {**values, **OPTIMIZERS[op][1]}
 
 
 def _differential_rows(seed: int, rounds: int, wide: bool = False) -> list[Row]:
@@ -158,16 +158,10 @@ def _differential_rows(seed: int, rounds: int, wide: bool = False) -> list[Row]:
 
     from onnx_optax.backend import run_node
 
-    state_groups = {"adagrad": "H", "adam": "VH", "momentum": "V", "nesterov": "V"}
-    op_types = {
-        "adagrad": "Adagrad",
-        "adam": "Adam",
-        "momentum": "Momentum",
-        "nesterov": "Momentum",
-    }
     rng = np.random.default_rng(seed)
     rows = []
-    for op, groups in state_groups.items():
+    for op, (operator, _) in OPTIMIZERS.items():
+        groups = operator.groups[2:]
         for dtype in ("float32", "float64"):
             _progress(f"  onnx.reference differential: {op} {dtype}, {rounds} case(s)")
             for case in range(1, rounds + 1):
@@ -180,7 +174,7 @@ def _differential_rows(seed: int, rounds: int, wide: bool = False) -> list[Row]:
                 names = [f"{g}{i}" for g in ("X", "G", *groups) for i in range(n)]
                 outputs = [f"{g}{i}_new" for g in ("X", *groups) for i in range(n)]
                 node = helper.make_node(
-                    op_types[op], ["R", "T", *names], outputs, domain=DOMAIN, **attributes
+                    operator.op_type, ["R", "T", *names], outputs, domain=DOMAIN, **attributes
                 )
                 tensors = []
                 for g in ("X", "G", *groups):
