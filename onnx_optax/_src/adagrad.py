@@ -55,6 +55,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
+@driver.explain_arguments("onnx_optax.adagrad")
 def adagrad(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -62,9 +63,9 @@ def adagrad(
     epsilon: float = 1e-6,
     norm_coefficient: float = 0.0,
     initial_accumulator_value: float = 0.0,
-    initial_count: int = 0,
+    initial_count: int | None = None,
     accumulator_dtype: DTypeLike | None = None,
-    pack_leaves_below: int = 0,
+    pack_leaves_below: int | None = None,
 ) -> Transformation:
     r"""ONNX Adagrad (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
@@ -140,6 +141,7 @@ def adagrad(
 # ----------------------------------------------------------------------- the op
 
 
+@driver.explain_arguments("onnx_optax.ops.adagrad")
 def adagrad_op(
     R: Any,
     T: Any,
@@ -188,6 +190,7 @@ def adagrad_op(
 
 
 OPERATOR = driver.Operator(
+    initial_count=0,
     op_type="Adagrad",
     attributes=AdagradAttributes,
     ranges={"decay_factor": (0.0, None), "epsilon": (0.0, None)},

@@ -89,6 +89,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
+@driver.explain_arguments("onnx_optax.adam")
 def adam(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -97,9 +98,9 @@ def adam(
     epsilon: float = 1e-6,
     norm_coefficient: float = 0.0,
     norm_coefficient_post: float = 0.0,
-    initial_count: int = 1,
+    initial_count: int | None = None,
     accumulator_dtype: DTypeLike | None = None,
-    pack_leaves_below: int = 0,
+    pack_leaves_below: int | None = None,
 ) -> Transformation:
     r"""ONNX Adam (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
@@ -180,6 +181,7 @@ def adam(
 # ----------------------------------------------------------------------- the op
 
 
+@driver.explain_arguments("onnx_optax.ops.adam")
 def adam_op(
     R: Any,
     T: Any,
@@ -236,6 +238,7 @@ def adam_op(
 
 
 OPERATOR = driver.Operator(
+    initial_count=1,
     op_type="Adam",
     attributes=AdamAttributes,
     ranges={"alpha": (0.0, 1.0), "beta": (0.0, 1.0), "epsilon": (0.0, None)},

@@ -190,9 +190,15 @@ def check_pack_leaves_below(where: str, pack_leaves_below: Any) -> int | None:
 
 
 def check_leaves(where: str, argument: str, tree: Any, *, floating: bool) -> None:
-    """Every leaf must be an array (and, with ``floating``, a floating-point one)."""
+    """Every leaf must be an array (and, with ``floating``, a floating-point one).
+
+    A float64 numpy leaf without 64-bit JAX is refused, as the ops refuse it:
+    JAX would compute it in float32 (one rule for every entry point).
+    """
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         location = f"{argument}{jax.tree_util.keystr(path)}"
+        if isinstance(leaf, np.ndarray | np.generic):
+            refuse_truncation(f"{where}: {location}", leaf)
         dtype = getattr(leaf, "dtype", None)
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic) or dtype is None:
             if floating:
@@ -216,6 +222,17 @@ def check_update_arguments(
         raise TypeError(
             f"{where}: state must be {article} {state_class.__name__}, got {type(state).__name__}"
         )
+    count: Any = getattr(state, "count", None)
+    if np.ndim(count) != 0 or np.dtype(getattr(count, "dtype", np.float64)) != np.int32:
+        raise TypeError(
+            f"{where}: state.count must be an int32 scalar (the T of the next update, as init() "
+            f"makes it), got {getattr(count, 'dtype', type(count).__name__)}"
+            f"{list(np.shape(count)) if np.ndim(count) else ''}"
+        )
+    if not is_traced(count) and int(np.asarray(count)) < 0:
+        raise ValueError(
+            f"{where}: state.count is {int(np.asarray(count))}; an update count is >= 0"
+        )
     check_leaves(where, "updates", updates, floating=False)
     if reads_params:
         check_leaves(where, "params", params, floating=False)
@@ -238,12 +255,18 @@ def check_trees(
     """
     leaves_with_path, treedef_ = jax.tree_util.tree_flatten_with_path(updates)
     treedef: Any = treedef_
+    params_def = None if params is None else jax.tree.structure(params)
     for name, state_def, _ in states:
         if state_def != treedef:
+            if params_def is not None and params_def == state_def:
+                culprit = "the gradients differ from the params and the state"
+            elif params_def is not None and params_def == treedef:
+                culprit = "the state differs from the gradients and the params"
+            else:
+                culprit = "the state must come from init() on parameters shaped like the gradients"
             raise ValueError(
                 f"{where}: the updates (gradients) and state.{name} have different tree "
-                f"structures; the state must come from init() on parameters shaped like "
-                f"the gradients.\n  updates: {treedef}\n  state.{name}: {state_def}"
+                f"structures; {culprit}.\n  updates: {treedef}\n  state.{name}: {state_def}"
             )
     param_leaves: list[Any] = [None] * len(leaves_with_path)
     if reads_params and leaves_with_path:
@@ -252,7 +275,6 @@ def check_trees(
                 f"{where}: {why_params}, so update() needs the parameters: call "
                 "tx.update(grads, state, params)"
             )
-        params_def = jax.tree.structure(params)
         if params_def != treedef:
             raise ValueError(
                 f"{where}: the updates (gradients) and params have different tree "
@@ -415,6 +437,8 @@ def check_count_input(where: str, T: Any) -> jax.Array:
         return T
     if value < 0:
         raise ValueError(f"{where}: input T is an update count and must be >= 0, got {value}")
+    if value > int(np.iinfo(np.int64).max):
+        raise ValueError(f"{where}: input T={value} does not fit int64, the ONNX type of T")
     limit = int(np.iinfo(np.int64 if jax.config.read("jax_enable_x64") else np.int32).max)
     if value > limit:
         raise ValueError(

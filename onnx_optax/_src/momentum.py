@@ -69,6 +69,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
+@driver.explain_arguments("onnx_optax.momentum")
 def momentum(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -76,9 +77,9 @@ def momentum(
     beta: float,
     norm_coefficient: float,
     mode: Mode = "standard",
-    initial_count: int = 0,
+    initial_count: int | None = None,
     accumulator_dtype: DTypeLike | None = None,
-    pack_leaves_below: int = 0,
+    pack_leaves_below: int | None = None,
 ) -> Transformation:
     r"""ONNX Momentum (``ai.onnx.preview.training``, opset 1) as an optax transformation.
 
@@ -147,15 +148,16 @@ def momentum(
     return driver.transformation(OPERATOR, where, attributes, learning_rate, options)
 
 
+@driver.explain_arguments("onnx_optax.nesterov")
 def nesterov(
     learning_rate: optax.ScalarOrSchedule,
     *,
     alpha: float,
     beta: float,
     norm_coefficient: float,
-    initial_count: int = 0,
+    initial_count: int | None = None,
     accumulator_dtype: DTypeLike | None = None,
-    pack_leaves_below: int = 0,
+    pack_leaves_below: int | None = None,
 ) -> Transformation:
     r"""ONNX Momentum with ``mode="nesterov"``: :func:`momentum` with that mode.
 
@@ -202,6 +204,7 @@ def nesterov(
 # ----------------------------------------------------------------------- the op
 
 
+@driver.explain_arguments("onnx_optax.ops.momentum")
 def momentum_op(
     R: Any,
     T: Any,
@@ -254,6 +257,7 @@ def momentum_op(
 
 
 OPERATOR = driver.Operator(
+    initial_count=0,
     op_type="Momentum",
     attributes=MomentumAttributes,
     ranges={},
