@@ -35,7 +35,7 @@ def test_op_errors_name_the_public_op() -> None:
 
 
 def test_negative_initial_accumulator_value_is_refused() -> None:
-    with pytest.raises(ValueError, match="initial_accumulator_value must be >= 0.0, got -1.0"):
+    with pytest.raises(ValueError, match=r"initial_accumulator_value must be >= 0\.0, got -1\.0"):
         onnx_optax.adagrad(0.1, initial_accumulator_value=-1.0)
 
 
