@@ -1,11 +1,12 @@
-"""An ONNX backend (``onnx.backend.base`` convention) for the training operators.
+"""An ONNX backend (``onnx.backend.base`` convention) running models on XLA.
 
-It runs ``ai.onnx.preview.training`` Adagrad, Adam and Momentum nodes, and
-models made of them and of the plain ops a training step needs around them
-(Identity, Constant, Add, Sub, Mul, Div, Neg, Cast), with XLA on whatever device
-JAX sees. Attributes come from the node, defaults from the ONNX schema; any
-other op is refused with an ``UnsupportedOperatorError`` naming it and its
-domain. A model is compiled once per input signature.
+It runs ``ai.onnx.preview.training`` Adagrad, Adam, Momentum and Gradient, and
+the standard ONNX ops listed in ``docs/onnx-ops.md`` (``supported_ops()``), with
+XLA on whatever device JAX sees. ``prepare`` compiles the nodes the graph's
+outputs need into one jitted function (compiled once per input signature);
+attributes come from the node, defaults from the ONNX schema of the model's
+opset. A needed node of any other op is refused at prepare time with one
+``UnsupportedOperatorError`` listing every unsupported op of the model.
 
 Example:
   >>> import numpy as np
@@ -33,7 +34,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from onnx_optax._src.onnx_graph import CompiledNode, GraphFunction, check_feed
+from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "prepare",
     "run_model",
     "run_node",
+    "supported_ops",
     "supports_device",
 ]
 
@@ -72,7 +74,8 @@ class OnnxOptaxRep(BackendRep):
     def __init__(self, model: Any, device: str) -> None:
         self.model = model
         self.device = _jax_device(device)
-        self.graph = GraphFunction(model.graph)
+        opsets = {o.domain: o.version for o in model.opset_import}
+        self.graph = GraphFunction(model.graph, opsets=opsets)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -131,22 +134,18 @@ class OnnxOptaxBackend(Backend):
     ) -> tuple[Any, ...]:
         """Runs one node on ``inputs`` (a list in the node's input order, or a dict).
 
-        The optimizer ops are jitted, so repeated calls with the same signature
-        reuse one compilation. See the module docstring for an example.
+        The node runs at the newest opset. See the module docstring for an example.
         """
         del outputs_info, kwargs
         if not isinstance(node, onnx.NodeProto):
             raise TypeError(f"run_node needs an onnx.NodeProto, got {type(node).__name__}")
-        compiled = CompiledNode(node)
-        names = list(node.input)
+        names = [name for name in dict.fromkeys(node.input) if name]
         if isinstance(inputs, dict):
             inputs = [inputs[name] for name in names]
         if len(inputs) != len(names):
             raise ValueError(f"node has {len(names)} inputs, got {len(inputs)} values")
-        arrays = jax.device_put(
-            [check_feed(n, v) for n, v in zip(names, inputs, strict=True)], _jax_device(device)
-        )
-        return tuple(np.asarray(out) for out in compiled(*arrays))
+        graph = GraphFunction(node_graph(node))
+        return tuple(graph(list(inputs), _jax_device(device)))
 
 
 prepare = OnnxOptaxBackend.prepare
