@@ -669,20 +669,20 @@ def _average_pool(node: Node, x: Any) -> Any:
         window_dilation=(1, 1, *dilations),
     )
     total = lax.reduce_window(x, np.asarray(0, x.dtype), lax.add, **window)
-    # How many elements each window averages, from static shapes
-    ones = np.ones(x.shape[2:], np.float32)
-    if node.get("count_include_pad", 0):
-        ones = np.pad(ones, padding, constant_values=1.0)
-        count_pads = [(0, 0), (0, 0)] + [(0, e[1]) for e in extra]
-    else:
-        count_pads = pads
-    count = lax.reduce_window(
-        jnp.asarray(ones[None, None]),
-        np.float32(0),
-        lax.add,
-        **{**window, "padding": count_pads},
-    )
-    return total / count.astype(x.dtype)
+    # How many elements each window averages: a box, so a product of 1-D counts (numpy)
+    include = bool(node.get("count_include_pad", 0))
+    count = np.ones((1, 1), np.float64)
+    for axis, (size, k, s, d, (lo, hi), (_, more)) in enumerate(
+        zip(x.shape[2:], kernel, strides, dilations, padding, extra, strict=True)
+    ):
+        inside = np.pad(np.ones(size), (lo, hi), constant_values=1.0 if include else 0.0)
+        inside = np.pad(inside, (0, more))
+        n_out = total.shape[2 + axis]
+        per_dim = np.array(
+            [inside[i * s : i * s + (k - 1) * d + 1 : d].sum() for i in range(n_out)]
+        )
+        count = count[..., None] * per_dim
+    return total / np.asarray(count, x.dtype)
 
 
 @register("GlobalAveragePool")
