@@ -142,7 +142,9 @@ class _OptimizerStep(_Step):
         try:
             results = self.optimizer.run(*args)
         except (TypeError, ValueError) as error:
-            raise _wrap(self.where, error) from None
+            wrapped = _wrap(self.where, error)
+            wrapped.optimizer_node = True  # type: ignore[attr-defined]
+            raise wrapped from None
         env.update(zip(self.outputs, results, strict=True))
 
 
@@ -438,7 +440,13 @@ class GraphFunction:
             except ValueError:
                 return
             specs[name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
-        jax.eval_shape(self.apply, specs)
+        try:
+            jax.eval_shape(self.apply, specs)
+        except (TypeError, ValueError) as error:
+            # Optimizer nodes check their arguments when they run (declared shapes of
+            # optimizer inputs are not binding); everything else fails here.
+            if not getattr(error, "optimizer_node", False):
+                raise
 
     # -- running
 

@@ -304,15 +304,46 @@ def _clip(node: Node, x: Any, low: Any = None, high: Any = None) -> Any:
     return x
 
 
+_SMALL_INTS = ("int4", "uint4", "int2", "uint2")
+_SMALL_FLOATS = (
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float4_e2m1fn",
+)
+
+
+def _convert(node: Node, x: Any, target: np.dtype) -> Any:
+    """Cast and CastLike; ``saturate`` clips into the range of the narrow float types."""
+    import ml_dtypes
+
+    xp = _xp(x)
+    source = np.dtype(x.dtype)
+    if target.name == "float8_e8m0fnu":
+        raise ValueError(f"{node.where}: casts to FLOAT8E8M0 are not supported")
+    if target.name in _SMALL_INTS:  # truncate, then wrap around, as numpy (ml_dtypes) does
+        bits = 4 if target.name.endswith("4") else 2
+        if not np.issubdtype(source, np.integer):
+            x = xp.trunc(x)
+        v = _cast(x, np.int32)
+        low = -(1 << (bits - 1)) if target.name.startswith("int") else 0
+        span = np.asarray(1 << bits, np.int32)
+        return _cast(xp.mod(v - np.int32(low), span) + np.int32(low), target)
+    if target.name in _SMALL_FLOATS and node.get("saturate", 1):
+        top = float(ml_dtypes.finfo(target).max)
+        x = xp.clip(x, np.asarray(-top, source), np.asarray(top, source))
+    return _cast(x, target)
+
+
 @register("Cast")
 def _cast_op(node: Node, x: Any) -> Any:
-    return _cast(x, tensor_dtype(node["to"], node.where))
+    return _convert(node, x, tensor_dtype(node["to"], node.where))
 
 
 @register("CastLike")
 def _cast_like(node: Node, x: Any, like: Any) -> Any:
-    del node
-    return _cast(x, like.dtype)
+    return _convert(node, x, np.dtype(like.dtype))
 
 
 @register("Identity")

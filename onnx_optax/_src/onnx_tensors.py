@@ -14,16 +14,13 @@ from typing import Any
 
 import numpy as np
 
-# Element types whose values cannot be held by a JAX array (or only packed).
+# Element types whose values a JAX array cannot hold.
 _REFUSED = {
     "STRING": "string tensors",
-    "UINT4": "4-bit integers",
-    "INT4": "4-bit integers",
-    "FLOAT4E2M1": "4-bit floats",
-    "UINT2": "2-bit integers",
-    "INT2": "2-bit integers",
     "UNDEFINED": "an undefined element type",
 }
+# Types packed below one byte per element in raw_data: bits per element.
+_PACKED_BITS = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2}
 
 
 def tensor_dtype(elem_type: int, where: str) -> np.dtype:
@@ -35,9 +32,8 @@ def tensor_dtype(elem_type: int, where: str) -> np.dtype:
         name = onnx.TensorProto.DataType.Name(elem_type)
     except ValueError:
         raise ValueError(f"{where}: unknown ONNX element type {elem_type}") from None
-    if name in _REFUSED or name.startswith("FLOAT8"):
-        what = _REFUSED.get(name, "8-bit floats")
-        raise ValueError(f"{where}: element type {name} ({what}) is not supported")
+    if name in _REFUSED:
+        raise ValueError(f"{where}: element type {name} ({_REFUSED[name]}) is not supported")
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
@@ -60,7 +56,9 @@ def read_tensor(tensor: Any, where: str) -> np.ndarray:
         raise ValueError(f"{label} has negative dims {list(dims)}")
     count = math.prod(dims)
     if tensor.HasField("raw_data"):
-        expected = count * dtype.itemsize
+        name = onnx.TensorProto.DataType.Name(tensor.data_type)
+        bits = _PACKED_BITS.get(name, 8 * dtype.itemsize)
+        expected = (count * bits + 7) // 8
         if len(tensor.raw_data) != expected:
             raise ValueError(
                 f"{label}: raw_data holds {len(tensor.raw_data)} bytes, but dims {list(dims)} of "
