@@ -154,17 +154,21 @@ def _model(net: dict[str, Any], with_gradient: bool) -> onnx.ModelProto:
     )
 
 
-def _median_time(fn: Callable[[], Any], rounds: int, repeat: int) -> float:
-    jax.block_until_ready(fn())  # compile
-    jax.block_until_ready(fn())
-    times = []
+def _median_times(fns: dict[str, Callable[[], Any]], rounds: int, repeat: int) -> dict[str, float]:
+    """Median seconds per call of each function; the functions take turns in every round,
+    so that a busy machine slows them alike."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())  # compile
+        jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            out = fn()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / repeat)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(repeat):
+                out = fn()
+            jax.block_until_ready(out)
+            times[name].append((time.perf_counter() - start) / repeat)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def bench(net: dict[str, Any], rounds: int, repeat: int) -> dict[str, float]:
@@ -193,10 +197,15 @@ def bench(net: dict[str, Any], rounds: int, repeat: int) -> dict[str, float]:
         np.testing.assert_allclose(grads_g[name], grads_h[name], rtol=1e-3, atol=1e-5)
         np.testing.assert_allclose(outs[1 + i], grads_h[name], rtol=1e-3, atol=1e-5)
 
-    t_hand = _median_time(lambda: hand(params, x, labels), rounds, repeat)
-    t_grad = _median_time(lambda: graph_grad(params, x, labels), rounds, repeat)
-    t_node = _median_time(lambda: onnx_gradient(feeds, {}), rounds, repeat)
-    return {"hand": t_hand, "grad": t_grad, "gradient_node": t_node}
+    return _median_times(
+        {
+            "hand": lambda: hand(params, x, labels),
+            "grad": lambda: graph_grad(params, x, labels),
+            "gradient_node": lambda: onnx_gradient(feeds, {}),
+        },
+        rounds,
+        repeat,
+    )
 
 
 def main() -> None:
