@@ -48,7 +48,6 @@ EXCLUDED: dict[str, str] = {
     r"^test_training_dropout": "Dropout in training mode (random masks; inference only)",
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
-    r"^test_maxpool_with_argmax": "MaxPool's Indices output is not implemented",
     r"^test_range_.*_expanded": "the expanded form uses Loop (control flow is not supported)",
 }
 

@@ -170,6 +170,56 @@ def test_jax_grad_through_a_prepared_graph() -> None:
     )
 
 
+def test_gradient_feeds_adam_in_one_graph() -> None:
+    """A training step as ONNX writes it: loss, Gradient, Adam, in one computation."""
+    nodes = [
+        _grad(["W"], "loss", ["dW"], zs=["X", "Y"]),  # before y's nodes: y is an attribute
+        helper.make_node("MatMul", ["X", "W"], ["P"]),
+        helper.make_node("Sub", ["P", "Y"], ["E"]),
+        helper.make_node("Mul", ["E", "E"], ["E2"]),
+        helper.make_node("ReduceMean", ["E2"], ["loss"], keepdims=0),
+        helper.make_node(
+            "Adam", ["R", "T", "W", "dW", "V", "H"], ["W2", "V2", "H2"], domain=TRAINING
+        ),
+    ]
+    shapes = {"X": [4, 3], "W": [3, 1], "Y": [4, 1], "V": [3, 1], "H": [3, 1]}
+    inputs = [_vi("R", shape=[]), _vi("T", I64, [])] + [_vi(n, shape=s) for n, s in shapes.items()]
+    model = _model(nodes, inputs, [_vi(n, shape=[3, 1]) for n in ("W2", "V2", "H2")])
+    x, w, y = (RNG.normal(size=shapes[n]).astype(np.float32) for n in "XWY")
+    zeros = np.zeros((3, 1), np.float32)
+    out = backend.prepare(model).run([np.float32(0.1), np.int64(1), x, w, y, zeros, zeros])
+    grad = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+    adam = helper.make_node(
+        "Adam", ["R", "T", "W", "G", "V", "H"], ["W2", "V2", "H2"], domain=TRAINING
+    )
+    expected = ReferenceEvaluator(adam).run(
+        None,
+        {
+            "R": np.float32(0.1),
+            "T": np.int64(1),
+            "W": w,
+            "G": np.asarray(grad),
+            "V": zeros,
+            "H": zeros,
+        },
+    )
+    for ours, ref in zip(out, expected, strict=True):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("opset", range(7, 24))
+def test_models_of_opsets_7_to_23_load(opset: int) -> None:
+    nodes = [
+        helper.make_node("Relu", ["X"], ["A"]),
+        helper.make_node("Add", ["A", "X"], ["B"]),
+        helper.make_node("ReduceSum" if opset >= 13 else "ReduceMean", ["B"], ["Y"], keepdims=0),
+    ]
+    model = _model(nodes, [_vi("X", shape=[2, 2])], [_vi("Y", shape=[])], opset=opset)
+    x = np.array([[1, -2], [3, -4]], np.float32)
+    y = backend.prepare(model).run([x]).Y
+    assert float(y) == (2.0 if opset >= 13 else 0.5)
+
+
 # ----------------------------------------------------------------------------- compiling
 
 

@@ -673,20 +673,38 @@ def _pool_geometry(
 
 @register("MaxPool")
 def _max_pool(node: Node, x: Any) -> Any:
-    if node.n_outputs > 1:
-        raise ValueError(f"{node.where}: MaxPool's Indices output is not supported")
     kernel, strides, dilations, padding, extra = _pool_geometry(node, x)
     low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     pads = [(0, 0), (0, 0)] + [(p[0], p[1] + e[1]) for p, e in zip(padding, extra, strict=True)]
-    return lax.reduce_window(
-        x,
-        np.asarray(low, x.dtype),
-        lax.max,
-        (1, 1, *kernel),
-        (1, 1, *strides),
-        pads,
+    window = dict(
+        window_dimensions=(1, 1, *kernel),
+        window_strides=(1, 1, *strides),
+        padding=pads,
         window_dilation=(1, 1, *dilations),
     )
+    values = lax.reduce_window(x, np.asarray(low, x.dtype), lax.max, **window)
+    if node.n_outputs == 1:
+        return values
+    # Indices: each maximum's position in the flattened input (first one on ties)
+    spatial = x.shape[2:]
+    flat = np.arange(math.prod(x.shape), dtype=np.int32).reshape(x.shape)
+    if node.get("storage_order", 0):  # column-major over the spatial axes
+        per_image = np.arange(math.prod(spatial), dtype=np.int32).reshape(spatial[::-1]).T
+        base = flat[..., *([0] * len(spatial))][..., *([None] * len(spatial))]
+        flat = base + per_image
+
+    def pick(a: Any, b: Any) -> Any:
+        (va, ia), (vb, ib) = a, b
+        take_b = (vb > va) | ((vb == va) & (ib < ia))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    _, indices = lax.reduce_window(
+        (x, jnp.asarray(flat)),
+        (np.asarray(low, x.dtype), np.asarray(np.iinfo(np.int32).max, np.int32)),
+        pick,
+        **window,
+    )
+    return values, _cast(indices, np.int64)
 
 
 @register("AveragePool")
