@@ -690,8 +690,8 @@ def _max_pool(node: Node, x: Any) -> Any:
     flat = np.arange(math.prod(x.shape), dtype=np.int32).reshape(x.shape)
     if node.get("storage_order", 0):  # column-major over the spatial axes
         per_image = np.arange(math.prod(spatial), dtype=np.int32).reshape(spatial[::-1]).T
-        base = flat[..., *([0] * len(spatial))][..., *([None] * len(spatial))]
-        flat = base + per_image
+        images = np.arange(x.shape[0] * x.shape[1], dtype=np.int32) * math.prod(spatial)
+        flat = images.reshape(x.shape[:2] + (1,) * len(spatial)) + per_image
 
     def pick(a: Any, b: Any) -> Any:
         (va, ia), (vb, ib) = a, b
