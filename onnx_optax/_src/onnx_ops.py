@@ -756,19 +756,31 @@ def _channel(value: Any, rank: int) -> Any:
 
 @register("BatchNormalization")
 def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
-    if node.get("training_mode", 0) or (node.opset >= 9 and node.n_outputs > 1):
-        raise ValueError(
-            f"{node.where}: BatchNormalization in training mode is not supported (inference only)"
-        )
-    if node.opset < 7 and not node.get("is_test", 0) and node.n_outputs > 1:
-        raise ValueError(f"{node.where}: BatchNormalization in training mode is not supported")
     _same_dtype(node, scale, bias)
     _same_dtype(node, mean, var)
     rank = np.ndim(x)
     eps = node["epsilon"]
+    if node.opset >= 14:
+        training = bool(node.get("training_mode", 0))
+    else:  # before opset 14, asking for the statistics outputs meant training
+        training = node.n_outputs > 1 and not node.get("is_test", 0)
+    outputs: tuple[Any, ...] = ()
+    if training:
+        axes = (0, *range(2, rank))
+        batch_mean = jnp.mean(x, axis=axes)
+        batch_var = jnp.mean(jnp.square(x - _channel(batch_mean, rank)), axis=axes)
+        momentum = np.asarray(node.get("momentum", 0.9), mean.dtype)
+        outputs = (
+            mean * momentum + batch_mean.astype(mean.dtype) * (1 - momentum),
+            var * momentum + batch_var.astype(var.dtype) * (1 - momentum),
+            batch_mean,
+            batch_var,
+        )
+        mean, var = batch_mean, batch_var
     inv = lax.rsqrt(_channel(var, rank) + np.asarray(eps, var.dtype))
     out = (x - _channel(mean, rank).astype(x.dtype)) * (inv * _channel(scale, rank)).astype(x.dtype)
-    return (out + _channel(bias, rank).astype(x.dtype),) + (None,) * (node.n_outputs - 1)
+    y = out + _channel(bias, rank).astype(x.dtype)
+    return ((y, *outputs) + (None,) * node.n_outputs)[: node.n_outputs]
 
 
 @register("InstanceNormalization")
