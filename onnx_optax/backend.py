@@ -26,6 +26,7 @@ Needs the ``onnx`` extra (``pip install onnx-optax[onnx]``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,14 @@ def _jax_device(device: str) -> jax.Device:
     if parsed.device_id >= len(devices):
         raise ValueError(f"device {device!r}: JAX sees {len(devices)} {platform} device(s)")
     return devices[parsed.device_id]
+
+
+@functools.lru_cache(maxsize=64)
+def _node_function(serialized: bytes) -> GraphFunction:
+    """One compiled graph per distinct node, so repeated run_node calls reuse it."""
+    node = onnx.NodeProto()
+    node.ParseFromString(serialized)
+    return GraphFunction(node_graph(node))
 
 
 class OnnxOptaxRep(BackendRep):
@@ -134,7 +143,8 @@ class OnnxOptaxBackend(Backend):
     ) -> tuple[Any, ...]:
         """Runs one node on ``inputs`` (a list in the node's input order, or a dict).
 
-        The node runs at the newest opset. See the module docstring for an example.
+        The node runs at the newest opset; a node seen before reuses its compilation. See
+        the module docstring for an example.
         """
         del outputs_info, kwargs
         if not isinstance(node, onnx.NodeProto):
@@ -144,7 +154,7 @@ class OnnxOptaxBackend(Backend):
             inputs = [inputs[name] for name in names]
         if len(inputs) != len(names):
             raise ValueError(f"node has {len(names)} inputs, got {len(inputs)} values")
-        graph = GraphFunction(node_graph(node))
+        graph = _node_function(node.SerializeToString(deterministic=True))
         return tuple(graph(list(inputs), _jax_device(device)))
 
 
