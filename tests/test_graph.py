@@ -436,6 +436,20 @@ BAD_MODELS = [
         r"node 'g'.*xs names 'ghost'",
     ),
     (
+        "gradient y depends on the gradient itself",
+        _bad(
+            [
+                helper.make_node("Mul", ["a", "g"], ["s"]),
+                helper.make_node(
+                    "Gradient", ["a"], ["g"], domain=TRAINING, xs=["a"], y="s", name="gg"
+                ),
+                helper.make_node("Neg", ["g"], ["y"]),
+            ]
+        ),
+        ValueError,
+        r"node 'gg'.*(y depends on the node itself|cycle)",
+    ),
+    (
         "gradient inputs do not match xs + zs",
         _bad(
             [
