@@ -1,11 +1,12 @@
-"""An ONNX backend (``onnx.backend.base`` convention) for the training operators.
+"""An ONNX backend (``onnx.backend.base`` convention) running models on XLA.
 
-It runs ``ai.onnx.preview.training`` Adagrad, Adam and Momentum nodes, and
-models made of them and of the plain ops a training step needs around them
-(Identity, Constant, Add, Sub, Mul, Div, Neg, Cast), with XLA on whatever device
-JAX sees. Attributes come from the node, defaults from the ONNX schema; any
-other op is refused with an ``UnsupportedOperatorError`` naming it and its
-domain. A model is compiled once per input signature.
+It runs ``ai.onnx.preview.training`` Adagrad, Adam, Momentum and Gradient, and
+the standard ONNX ops listed in ``docs/onnx-ops.md`` (``supported_ops()``), with
+XLA on whatever device JAX sees. ``prepare`` compiles the nodes the graph's
+outputs need into one jitted function (compiled once per input signature);
+attributes come from the node, defaults from the ONNX schema of the model's
+opset. A needed node of any other op is refused at prepare time with one
+``UnsupportedOperatorError`` listing every unsupported op of the model.
 
 Example:
   >>> import numpy as np
@@ -26,6 +27,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,7 +42,7 @@ try:
 except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
-from onnx_optax._src.onnx_graph import CompiledNode, GraphFunction, check_feed
+from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "prepare",
     "run_model",
     "run_node",
+    "supported_ops",
     "supports_device",
 ]
 
@@ -73,13 +76,22 @@ def _jax_device(device: str) -> jax.Device:
     return devices[parsed.device_id]
 
 
+@functools.lru_cache(maxsize=64)
+def _node_function(serialized: bytes) -> GraphFunction:
+    """One compiled graph per distinct node, so repeated run_node calls reuse it."""
+    node = onnx.NodeProto()
+    node.ParseFromString(serialized)
+    return GraphFunction(node_graph(node))
+
+
 class OnnxOptaxRep(BackendRep):
     """A prepared model: ``run(inputs)`` with a list in graph-input order or a dict."""
 
     def __init__(self, model: Any, device: str) -> None:
         self.model = model
         self.device = _jax_device(device)
-        self.graph = GraphFunction(model.graph)
+        opsets = {o.domain: o.version for o in model.opset_import}
+        self.graph = GraphFunction(model.graph, opsets=opsets)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -138,22 +150,19 @@ class OnnxOptaxBackend(Backend):
     ) -> tuple[Any, ...]:
         """Runs one node on ``inputs`` (a list in the node's input order, or a dict).
 
-        The optimizer ops are jitted, so repeated calls with the same signature
-        reuse one compilation. See the module docstring for an example.
+        The node runs at the newest opset; a node seen before reuses its compilation. See
+        the module docstring for an example.
         """
         del outputs_info, kwargs
         if not isinstance(node, onnx.NodeProto):
             raise TypeError(f"run_node needs an onnx.NodeProto, got {type(node).__name__}")
-        compiled = CompiledNode(node)
-        names = list(node.input)
+        names = [name for name in dict.fromkeys(node.input) if name]
         if isinstance(inputs, dict):
             inputs = [inputs[name] for name in names]
         if len(inputs) != len(names):
             raise ValueError(f"node has {len(names)} inputs, got {len(inputs)} values")
-        arrays = jax.device_put(
-            [check_feed(n, v) for n, v in zip(names, inputs, strict=True)], _jax_device(device)
-        )
-        return tuple(np.asarray(out) for out in compiled(*arrays))
+        graph = _node_function(node.SerializeToString(deterministic=True))
+        return tuple(graph(list(inputs), _jax_device(device)))
 
 
 prepare = OnnxOptaxBackend.prepare

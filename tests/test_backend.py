@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import re
 import unittest
-import warnings
 
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
-from onnx.backend.test import BackendTest  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax.backend import OnnxOptaxBackend, UnsupportedOperatorError  # noqa: E402
+from tests.onnx_suite import backend_test  # noqa: E402
 
 CASES = (
     "adagrad",
@@ -29,14 +28,9 @@ DEVICES = [d for d in ("cpu", "cuda") if OnnxOptaxBackend.supports_device(d.uppe
 
 PATTERN = re.compile(rf"^test_({'|'.join(CASES)})_({'|'.join(DEVICES)})$")
 
-with warnings.catch_warnings():
-    # Loading the node cases generates all of them, which warns for unrelated ops.
-    warnings.simplefilter("ignore")
-    _runner = BackendTest(OnnxOptaxBackend, __name__)
-_runner.include(PATTERN.pattern)
-# The runner's own test functions for the seven optimizer node cases (the runner
-# marks the other ~4,000 cases skipped; we leave them out rather than report skips).
-_node_tests = _runner.test_cases["OnnxBackendNodeModelTest"]
+# The runner's own test functions for the seven optimizer node cases on every device
+# (one runner, shared with tests/onnx_suite.py, which runs the CPU cases with 64-bit JAX).
+_node_tests = backend_test().test_cases["OnnxBackendNodeModelTest"]
 OnnxBackendOptimizerNodeTest = type(
     "OnnxBackendOptimizerNodeTest",
     (unittest.TestCase,),
@@ -109,7 +103,7 @@ def test_prepared_model_compiles_once() -> None:
 def test_unsupported_op_is_named() -> None:
     f32 = onnx.TensorProto.FLOAT
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="act")],
+        [helper.make_node("Trilu", ["x"], ["y"], name="act")],
         "g",
         [helper.make_tensor_value_info("x", f32, [2])],
         [helper.make_tensor_value_info("y", f32, [2])],
@@ -117,7 +111,7 @@ def test_unsupported_op_is_named() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(
         UnsupportedOperatorError,
-        match=r"node 'act' \(ai.onnx.Relu\): unsupported op Relu in domain 'ai.onnx'",
+        match=r"node 'act' \(ai.onnx.Trilu\): unsupported op Trilu in domain 'ai.onnx'",
     ):
         backend.prepare(model)
     node = helper.make_node("SGD", ["R", "T", "X", "G"], ["Y"], domain=DOMAIN)

@@ -1,0 +1,513 @@
+"""An ONNX graph as one JAX function: standard ops, optimizer nodes and ``Gradient``.
+
+:class:`GraphFunction` checks a ``GraphProto`` once (every needed node
+supported, attributes typed, names defined, no cycle), keeps only the nodes the
+requested outputs need, orders them and evaluates them in one function of the
+graph inputs and the float initializers, jitted once per input signature.
+
+``Gradient`` (``ai.onnx.preview.training``): its ``y`` is named by an attribute,
+not an edge, so its dependencies are its inputs plus whatever the nodes computing
+``y`` read (stopping at ``xs`` and ``zs``). It runs ``jax.vjp`` over exactly those
+nodes, as a function of the values given for ``xs`` (``zs`` held fixed), inside
+the same computation; Gradient of a Gradient nests. A non-scalar ``y`` is seeded
+with ones: the outputs are the gradients of ``sum(y)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from onnx_optax._src.checks import refuse_truncation
+from onnx_optax._src.onnx_nodes import (
+    DOMAIN,
+    OPERATORS,
+    OptimizerNode,
+    UnsupportedOperatorError,
+    describe,
+    read_node,
+)
+from onnx_optax._src.onnx_ops import OPS, STANDARD_DOMAINS, Node, is_static, read_attributes
+from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
+
+GRADIENT = "Gradient"
+# Integer initializers up to this size are kept as trace-time constants (shapes, axes).
+STATIC_INITIALIZER_LIMIT = 1 << 12
+
+Env = dict[str, Any]
+
+
+def latest_opset() -> int:
+    import onnx
+
+    return int(onnx.defs.onnx_opset_version())
+
+
+def _domain(node: Any) -> str:
+    return "" if node.domain in STANDARD_DOMAINS else node.domain
+
+
+def is_supported(node: Any) -> bool:
+    domain = _domain(node)
+    if domain == "":
+        return node.op_type in OPS
+    return domain == DOMAIN and (node.op_type in OPERATORS or node.op_type == GRADIENT)
+
+
+def supported_ops() -> dict[str, list[str]]:
+    """Every op type that runs, by domain (``ai.onnx`` and the training domain)."""
+    return {"ai.onnx": sorted(OPS), DOMAIN: sorted([*OPERATORS, GRADIENT])}
+
+
+def to_jax(what: str, value: Any) -> jax.Array:
+    """A host value as a JAX array, refusing what 32-bit JAX would silently truncate."""
+    if isinstance(value, jax.Array):
+        return value
+    array = np.asarray(value)
+    refuse_truncation(what, array)
+    return jnp.asarray(array)
+
+
+def _wrap(where: str, error: Exception) -> Exception:
+    message = str(error)
+    if not message.startswith("node "):
+        message = f"{where}: {message}"
+    return type(error)(message) if isinstance(error, TypeError | ValueError) else error
+
+
+class _Step:
+    """One checked node and how to run it on an environment of values."""
+
+    def __init__(self, graph: GraphFunction, node: Any) -> None:
+        self.node = node
+        self.where = describe(node)
+        self.inputs = tuple(node.input)
+        self.outputs = tuple(node.output)
+
+    def run(self, env: Env) -> None:
+        raise NotImplementedError
+
+
+class _StandardStep(_Step):
+    def __init__(self, graph: GraphFunction, node: Any) -> None:
+        super().__init__(graph, node)
+        opset = graph.opsets.get("", latest_opset())
+        self.op = OPS[node.op_type]
+        self.info = Node(
+            attrs=read_attributes(node, opset, self.where),
+            opset=opset,
+            where=self.where,
+            n_outputs=len(node.output),
+        )
+
+    def run(self, env: Env) -> None:
+        args = [env[name] if name else None for name in self.inputs]
+        for position in self.op.static:
+            if (
+                position < len(args)
+                and args[position] is not None
+                and not is_static(args[position])
+            ):
+                raise ValueError(
+                    f"{self.where}: input '{self.inputs[position]}' must be known when the graph "
+                    "is compiled (a constant, an initializer or computed from shapes); it depends "
+                    "on the values fed"
+                )
+        if not all(a is None or is_static(a) for a in args):
+            for position, value in enumerate(args):
+                if position not in self.op.static and value is not None and is_static(value):
+                    refuse_truncation(f"{self.where}: input '{self.inputs[position]}'", value)
+        try:
+            results = self.op.fn(self.info, *args)
+        except (TypeError, ValueError) as error:
+            raise _wrap(self.where, error) from None
+        if not isinstance(results, tuple):
+            results = (results,)
+        for name, value in zip(self.outputs, results, strict=False):
+            if name:
+                env[name] = value
+
+
+class _OptimizerStep(_Step):
+    def __init__(self, graph: GraphFunction, node: Any) -> None:
+        super().__init__(graph, node)
+        self.optimizer: OptimizerNode = read_node(node)
+
+    def run(self, env: Env) -> None:
+        args = [to_jax(f"{self.where}: input '{n}'", env[n]) for n in self.inputs]
+        try:
+            results = self.optimizer.run(*args)
+        except (TypeError, ValueError) as error:
+            wrapped = _wrap(self.where, error)
+            wrapped.optimizer_node = True  # type: ignore[attr-defined]
+            raise wrapped from None
+        env.update(zip(self.outputs, results, strict=True))
+
+
+class _GradientStep(_Step):
+    def __init__(self, graph: GraphFunction, node: Any) -> None:
+        super().__init__(graph, node)
+        attrs = read_attributes(node, 1, self.where)
+        self.xs = tuple(attrs["xs"])
+        self.zs = tuple(attrs.get("zs") or ())
+        self.y = attrs["y"]
+        if len(self.inputs) != len(self.xs) + len(self.zs):
+            raise ValueError(
+                f"{self.where}: has {len(self.inputs)} inputs, but xs {list(self.xs)} and zs "
+                f"{list(self.zs)} name {len(self.xs) + len(self.zs)}; the inputs are the values "
+                "of xs then zs"
+            )
+        if len(self.outputs) > len(self.xs):
+            raise ValueError(
+                f"{self.where}: has {len(self.outputs)} outputs but only {len(self.xs)} xs"
+            )
+        if set(self.xs) & set(self.zs) or len(set(self.xs)) != len(self.xs):
+            raise ValueError(f"{self.where}: xs {list(self.xs)} and zs {list(self.zs)} overlap")
+        for label, names in (("y", [self.y]), ("xs", self.xs), ("zs", self.zs)):
+            for name in names:
+                if not graph.defines(name):
+                    raise ValueError(
+                        f"{self.where}: {label} names '{name}', which is no graph input, "
+                        "initializer or node output"
+                    )
+        if not self.xs:
+            raise ValueError(f"{self.where}: xs is empty")
+        self.graph = graph
+        self.order: list[_Step] = []  # the nodes computing y from xs and zs, set by the graph
+
+    def run(self, env: Env) -> None:
+        values = [env[name] for name in self.inputs]
+        nx = len(self.xs)
+        xs_values = [
+            to_jax(f"{self.where}: input '{n}'", v)
+            for n, v in zip(self.inputs[:nx], values[:nx], strict=True)
+        ]
+        for name, value in zip(self.xs, xs_values, strict=True):
+            if not jnp.issubdtype(value.dtype, jnp.inexact):
+                raise TypeError(
+                    f"{self.where}: cannot differentiate with respect to '{name}' of dtype "
+                    f"{value.dtype}; xs must be floating point"
+                )
+        zs_values = values[nx:]
+        base = dict(env)
+
+        def f(*xs: jax.Array) -> jax.Array:
+            local = dict(base)
+            local.update(zip(self.xs, xs, strict=True))
+            local.update(zip(self.zs, zs_values, strict=True))
+            for step in self.order:
+                step.run(local)
+            y = to_jax(f"{self.where}: y '{self.y}'", local[self.y])
+            if not jnp.issubdtype(y.dtype, jnp.inexact):
+                raise TypeError(f"{self.where}: y '{self.y}' has dtype {y.dtype}; it must be float")
+            return y
+
+        y, pullback = jax.vjp(f, *xs_values)
+        grads = pullback(jnp.ones_like(y))
+        for name, grad in zip(self.outputs, grads, strict=False):
+            if name:
+                env[name] = grad
+
+
+def _gradient_names(node: Any) -> tuple[str, set[str]]:
+    """A Gradient node's y and the names its differentiation stops at (xs and zs)."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    y = attrs.get("y", b"")
+    stop = {
+        v.decode() if isinstance(v, bytes) else str(v)
+        for k in ("xs", "zs")
+        for v in attrs.get(k, [])
+    }
+    return (y.decode() if isinstance(y, bytes) else str(y)), stop
+
+
+def _make_step(graph: GraphFunction, node: Any) -> _Step:
+    if _domain(node) == "":
+        return _StandardStep(graph, node)
+    if node.op_type == GRADIENT:
+        return _GradientStep(graph, node)
+    return _OptimizerStep(graph, node)
+
+
+def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> UnsupportedOperatorError:
+    """One error listing every unsupported (domain, op, opset) among ``nodes``."""
+    found = sorted(
+        {
+            (node.domain or "ai.onnx", node.op_type, opsets.get(_domain(node), 0))
+            for node in nodes
+            if not is_supported(node)
+        }
+    )
+    first = next(node for node in nodes if not is_supported(node))
+    listed = ", ".join(f"{d}.{op} (opset {v})" for d, op, v in found)
+    return UnsupportedOperatorError(
+        f"{describe(first)}: unsupported op {first.op_type} in domain "
+        f"'{first.domain or 'ai.onnx'}'; the graph needs {len(found)} unsupported op(s): {listed}. "
+        f"onnx_optax runs {len(OPS)} standard ops (see docs/onnx-ops.md), Adagrad, Adam, "
+        f"Momentum and Gradient of '{DOMAIN}'"
+    )
+
+
+class GraphFunction:
+    """An ONNX graph as one jitted function of its graph inputs (initializers excluded).
+
+    ``outer_values`` are values the graph reads from outside (a training
+    algorithm reads the main graph's initializers); ``opsets`` maps a domain
+    ('' for ai.onnx) to the model's opset version (default: the newest).
+    """
+
+    def __init__(
+        self,
+        graph: Any,
+        *,
+        outer_values: Mapping[str, Any] | None = None,
+        outputs: Sequence[str] | None = None,
+        opsets: Mapping[str, int] | None = None,
+    ) -> None:
+        self.opsets = {
+            ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
+        }
+        values = {name: np.asarray(v) for name, v in (outer_values or {}).items()}
+        for init in graph.initializer:
+            values[init.name] = read_tensor(init, f"graph '{graph.name}' initializer")
+        # Small integer tensors are shape data: kept on the host, known while tracing.
+        self.static = {
+            name: v
+            for name, v in values.items()
+            if (np.issubdtype(v.dtype, np.integer) or v.dtype == bool)
+            and v.size <= STATIC_INITIALIZER_LIMIT
+        }
+        self.params = {name: v for name, v in values.items() if name not in self.static}
+        self.input_names = tuple(i.name for i in graph.input if i.name not in values)
+        self.output_names = tuple(outputs or (o.name for o in graph.output))
+        declared = {
+            o.name: o.type.tensor_type.elem_type
+            for o in graph.output
+            if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type
+        }
+        self.output_dtypes = tuple(
+            tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
+            for n in self.output_names
+        )
+        self._available = set(self.input_names) | set(values)
+        self._nodes = list(graph.node)
+        self._producer: dict[str, int] = {}
+        for index, node in enumerate(self._nodes):
+            for name in node.output:
+                if not name:
+                    continue
+                if name in self._producer or name in self._available:
+                    raise ValueError(f"{describe(node)}: output '{name}' is already defined")
+                self._producer[name] = index
+        self._steps: dict[int, _Step] = {}
+        self._deps_memo: dict[int, tuple[str, ...]] = {}
+        needed = self._needed(self.output_names)
+        if any(not is_supported(self._nodes[i]) for i in needed):
+            raise unsupported_error(self._nodes, self.opsets)
+        for index in sorted(needed):
+            self._step(index)
+        self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
+        # Graph inputs read as shapes or axes are compile-time values: one compilation each.
+        self.static_inputs = tuple(
+            name
+            for name in self.input_names
+            if any(
+                isinstance(step, _StandardStep)
+                and any(p < len(step.inputs) and step.inputs[p] == name for p in step.op.static)
+                for step in self._steps.values()
+            )
+        )
+        if not self.static_inputs:
+            self._check_shapes(graph)
+        self._jitted = jax.jit(self.apply)
+        self._jitted_static: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    # -- structure
+
+    def defines(self, name: str) -> bool:
+        return name in self._available or name in self._producer
+
+    def _step(self, index: int) -> _Step:
+        if index not in self._steps:
+            step = _make_step(self, self._nodes[index])
+            self._steps[index] = step
+            if isinstance(step, _GradientStep):
+                stop = set(step.xs) | set(step.zs)
+                step.order = [self._step(i) for i in self._topological([step.y], stop, index)]
+        return self._steps[index]
+
+    def _deps(self, index: int) -> tuple[str, ...]:
+        """The names a node reads: its inputs, and for Gradient what computing y reads."""
+        if index in self._deps_memo:
+            return self._deps_memo[index]
+        node = self._nodes[index]
+        deps = [name for name in node.input if name]
+        if _domain(node) == DOMAIN and node.op_type == GRADIENT:
+            self._deps_memo[index] = tuple(deps)  # guards against y depending on itself
+            y, stop = _gradient_names(node)
+            reached = self._reach([y] if y else [], stop, index)
+            produced = {n for i in reached for n in self._nodes[i].output}
+            for i in reached:
+                deps += [n for n in self._deps(i) if n not in produced and n not in stop]
+        self._deps_memo[index] = tuple(dict.fromkeys(deps))
+        return self._deps_memo[index]
+
+    def _reach(self, names: Sequence[str], stop: set[str], owner: int | None = None) -> set[int]:
+        """Indices of the nodes that ``names`` depend on, not looking past ``stop``."""
+        reached: set[int] = set()
+        todo = [n for n in names if n not in stop]
+        while todo:
+            name = todo.pop()
+            index = self._producer.get(name)
+            if index is None or index in reached:
+                continue
+            if index == owner:
+                raise ValueError(f"{describe(self._nodes[index])}: y depends on the node itself")
+            reached.add(index)
+            todo += [n for n in self._deps(index) if n not in stop]
+        return reached
+
+    def _needed(self, outputs: Sequence[str]) -> set[int]:
+        """Every node the outputs need, including those computing each Gradient's y."""
+        for name in outputs:
+            if not self.defines(name):
+                raise ValueError(f"graph output '{name}' is produced by no node")
+        needed = self._reach(outputs, set())
+        todo = list(needed)
+        while todo:
+            index = todo.pop()
+            node = self._nodes[index]
+            if _domain(node) == DOMAIN and node.op_type == GRADIENT:
+                y, stop = _gradient_names(node)
+                for found in self._reach([y] if y else [], stop, index) - needed:
+                    needed.add(found)
+                    todo.append(found)
+        return needed
+
+    def _topological(
+        self, names: Sequence[str], stop: set[str], owner: int | None = None
+    ) -> list[int]:
+        """The nodes computing ``names`` (not past ``stop``) in an order that runs."""
+        order: list[int] = []
+        state: dict[int, int] = {}  # 1: on the current path, 2: done
+
+        def visit(name: str, reader: str) -> None:
+            if name in stop or name in self._available:
+                return
+            index = self._producer.get(name)
+            if index is None:
+                raise ValueError(
+                    f"{reader}: input '{name}' is not a graph input, an initializer or the output "
+                    "of a node"
+                )
+            if index == owner or state.get(index) == 1:
+                raise ValueError(
+                    f"{describe(self._nodes[index])}: the graph has a cycle through it"
+                )
+            if state.get(index) == 2:
+                return
+            state[index] = 1
+            for dep in self._deps(index):
+                visit(dep, describe(self._nodes[index]))
+            state[index] = 2
+            order.append(index)
+
+        for name in names:
+            visit(name, "graph output" if owner is None else describe(self._nodes[owner]))
+        return order
+
+    def _check_shapes(self, graph: Any) -> None:
+        """Traces the graph on the declared input shapes, when all are known, to fail early."""
+        declared = {
+            i.name: i.type.tensor_type for i in graph.input if i.type.HasField("tensor_type")
+        }
+        specs = {}
+        for name in self.input_names:
+            kind = declared.get(name)
+            if kind is None or not kind.elem_type or not kind.HasField("shape"):
+                return
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in kind.shape.dim]
+            if any(d < 0 for d in dims):
+                return
+            try:
+                dtype = tensor_dtype(kind.elem_type, f"graph input '{name}'")
+            except ValueError:
+                return
+            specs[name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
+        try:
+            jax.eval_shape(self.apply, specs)
+        except (TypeError, ValueError) as error:
+            # Optimizer nodes check their arguments when they run (declared shapes of
+            # optimizer inputs are not binding); everything else fails here.
+            if not getattr(error, "optimizer_node", False):
+                raise
+
+    # -- running
+
+    def apply(
+        self, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+    ) -> tuple[Any, ...]:
+        """The graph's outputs from its inputs (a pure function: jit it, differentiate it).
+
+        ``params`` replaces float initializers by name (default: the model's values).
+        """
+        env: Env = dict(self.static)
+        env.update(self.params)
+        env.update(params or {})
+        env.update(inputs)
+        for step in self.order:
+            step.run(env)
+        return tuple(env[name] for name in self.output_names)
+
+    def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
+        if isinstance(inputs, Mapping):
+            missing = [name for name in self.input_names if name not in inputs]
+            if missing:
+                raise ValueError(f"missing input(s) {missing}; the graph takes {self.input_names}")
+            values = [inputs[name] for name in self.input_names]
+        else:
+            values = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+            if len(values) != len(self.input_names):
+                raise ValueError(
+                    f"got {len(values)} input(s); the graph takes {len(self.input_names)}: "
+                    f"{self.input_names}"
+                )
+        named = dict(zip(self.input_names, values, strict=True))
+        fixed = {n: np.asarray(named.pop(n)) for n in self.static_inputs}
+        feeds = {n: to_jax(f"input '{n}'", v) for n, v in named.items()}
+        params = {n: to_jax(f"initializer '{n}'", v) for n, v in self.params.items()}
+        if device is not None:
+            feeds, params = jax.device_put((feeds, params), device)
+        outputs = self._compiled(fixed)(feeds, params)
+        return [
+            np.asarray(out) if dtype is None else np.asarray(out).astype(dtype, copy=False)
+            for out, dtype in zip(outputs, self.output_dtypes, strict=True)
+        ]
+
+    def _compiled(self, fixed: dict[str, np.ndarray]) -> Callable[..., Any]:
+        """The jitted graph, for the given values of the inputs read at compile time."""
+        if not fixed:
+            return self._jitted
+        key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(fixed.items()))
+        if key not in self._jitted_static:
+
+            def run(feeds: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[Any, ...]:
+                return self.apply({**feeds, **fixed}, params)
+
+            self._jitted_static[key] = jax.jit(run)
+        return self._jitted_static[key]
+
+
+def node_graph(node: Any) -> Any:
+    """A graph of one node, its inputs as graph inputs (for ``run_node``)."""
+    from onnx import helper
+
+    inputs = [helper.make_empty_tensor_value_info(n) for n in dict.fromkeys(node.input) if n]
+    outputs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+    return helper.make_graph([node], "node", inputs, outputs)
