@@ -76,7 +76,7 @@ def _mlp_loss_model(gradient_first: bool) -> onnx.ModelProto:
 
 
 def _mlp_loss(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.sum(jnp.tanh(x @ w + b) ** 2)
+    return jnp.sum(jnp.tanh(x @ w + b[None, :]) ** 2)
 
 
 @pytest.mark.parametrize("gradient_first", [False, True], ids=["graph-order", "gradient-first"])

@@ -461,8 +461,11 @@ class GraphFunction:
         env.update(self.params)
         env.update(params or {})
         env.update(inputs)
-        for step in self.order:
-            step.run(env)
+        # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
+        # semantics here, whatever the caller's jax_numpy_rank_promotion says.
+        with jax.numpy_rank_promotion("allow"):
+            for step in self.order:
+                step.run(env)
         return tuple(env[name] for name in self.output_names)
 
     def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
