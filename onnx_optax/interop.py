@@ -59,6 +59,7 @@ from onnx_optax._src.onnx_nodes import (
     make_node,
     read_node,
 )
+from onnx_optax._src.onnx_tensors import read_tensor
 from onnx_optax._src.packed import PackedTree, path_keys
 from onnx_optax._src.registry import OPERATORS, operator_of
 
@@ -472,8 +473,13 @@ def from_model(
     info, proto = _optimizer_node(model)
     node = read_node(proto)
     where = describe(proto)
-    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    algorithm_values = {i.name: numpy_helper.to_array(i) for i in info.algorithm.initializer}
+    initializers = {
+        i.name: read_tensor(i, "the model's graph initializer") for i in model.graph.initializer
+    }
+    algorithm_values = {
+        i.name: read_tensor(i, "the training algorithm's initializer")
+        for i in info.algorithm.initializer
+    }
 
     stored: dict[str, list[np.ndarray]] = {}
     for group in ("X", *node.state_groups):
