@@ -1,0 +1,98 @@
+"""Models from strangers: nothing is read from outside the model, nothing comes back silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import onnx_optax
+
+onnx = pytest.importorskip("onnx")
+from onnx import helper  # noqa: E402
+
+from onnx_optax import backend, interop  # noqa: E402
+
+CANARY = b"CANARY-secret-bytes"
+
+
+def _external(tensor: onnx.TensorProto, location: str) -> None:
+    """Points ``tensor`` at an external file, as a hostile model would."""
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", location
+
+
+@pytest.fixture
+def canary_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "canary.bin").write_bytes(CANARY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _trained_model() -> onnx.ModelProto:
+    tx = onnx_optax.adagrad(0.1)
+    params = {"w": jnp.ones(3)}
+    return interop.to_model(tx, params, tx.init(params))
+
+
+@pytest.mark.usefixtures("canary_cwd")
+def test_from_model_does_not_read_external_data_from_the_working_directory() -> None:
+    model = _trained_model()
+    (r,) = [t for t in model.graph.initializer if t.name == "R"]
+    _external(r, "canary.bin")
+    with pytest.raises(ValueError, match="external file, which is not loaded here") as info:
+        interop.from_model(model)
+    assert "CANARY" not in str(info.value)
+
+
+@pytest.mark.usefixtures("canary_cwd")
+def test_prepare_does_not_read_external_data_from_the_working_directory() -> None:
+    weight = helper.make_tensor("w", onnx.TensorProto.FLOAT, [4], [0.0] * 4)
+    _external(weight, "canary.bin")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "leak",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(ValueError, match="external file") as info:
+        backend.prepare(model).run([])
+    assert "CANARY" not in str(info.value)
+
+
+def test_raw_data_longer_than_dims_is_refused() -> None:
+    tensor = helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
+    tensor.raw_data = np.arange(4, dtype=np.float32).tobytes()
+    tensor.ClearField("float_data")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "long",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+        initializer=[tensor],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(ValueError, match="tensor 'w'"):
+        backend.prepare(model)
+
+
+def test_cast_reads_to_by_name_not_position() -> None:
+    node = helper.make_node("Cast", ["x"], ["y"])
+    node.attribute.append(helper.make_attribute("saturate", 1))
+    node.attribute.append(helper.make_attribute("to", onnx.TensorProto.INT64))
+    graph = helper.make_graph(
+        [node, helper.make_node("Cast", ["y"], ["z"], to=onnx.TensorProto.FLOAT)],
+        "cast",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    (z,) = backend.prepare(model).run([np.array([2.7, -1.5, 3.9], np.float32)])
+    np.testing.assert_array_equal(z, [2.0, -1.0, 3.0])
