@@ -28,6 +28,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,9 +44,11 @@ except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
 from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
+from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
 
 __all__ = [
+    "Limits",
     "OnnxOptaxBackend",
     "OnnxOptaxRep",
     "UnsupportedOperatorError",
@@ -127,15 +130,22 @@ class OnnxOptaxBackend(Backend):
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> OnnxOptaxRep:
         """Checks ``model`` and compiles its graph into one jitted function.
 
-        Every node is checked first (supported op, valid optimizer node, inputs
-        defined); the returned rep's ``run(inputs)`` takes the graph inputs that
-        are not initializers, as a list in order or a dict, and returns the
-        outputs by name and position. See :func:`onnx_optax.interop.step_model`
-        for an example.
+        ``model`` is a ``ModelProto``, its bytes or a path; it is read through
+        the one loading layer (external data only from inside the model's folder,
+        or ``base_dir=`` for bytes and protos; ``limits=Limits(...)`` to raise
+        the size limits). Every node is checked first (supported op, valid
+        optimizer node, inputs defined); the returned rep's ``run(inputs)``
+        takes the graph inputs that are not initializers, as a list in order or
+        a dict, and returns the outputs by name and position. See
+        :func:`onnx_optax.interop.step_model` for an example.
         """
-        del kwargs
-        if not isinstance(model, onnx.ModelProto):
-            raise TypeError(f"prepare needs an onnx.ModelProto, got {type(model).__name__}")
+        base_dir, limits = kwargs.pop("base_dir", None), kwargs.pop("limits", DEFAULT_LIMITS)
+        if not isinstance(model, onnx.ModelProto | bytes | str | os.PathLike):
+            raise TypeError(
+                f"prepare needs an onnx.ModelProto, got {type(model).__name__} (the model's "
+                "bytes or its path work too)"
+            )
+        model = load_model(model, base_dir=base_dir, limits=limits)
         onnx.checker.check_model(model)
         return OnnxOptaxRep(model, device)
 

@@ -31,6 +31,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -49,6 +50,7 @@ except ImportError as _error:
 
 from onnx_optax._src import checks
 from onnx_optax._src.driver import Transformation
+from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
 from onnx_optax._src.onnx_graph import GraphFunction, cone, constant_value
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
@@ -66,6 +68,7 @@ from onnx_optax._src.registry import OPERATORS, operator_of
 __all__ = [
     "DOMAIN",
     "ImportedModel",
+    "Limits",
     "UnsupportedOperatorError",
     "from_model",
     "from_node",
@@ -434,11 +437,13 @@ def _nest(names: Sequence[str], values: Sequence[Any], model: onnx.ModelProto) -
 
 
 def from_model(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
     *,
     learning_rate: optax.ScalarOrSchedule | None = None,
     initial_count: int | None = None,
     accumulator_dtype: Any | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> ImportedModel:
     """Reads the optimizer, parameters and state of a model with ``training_info``.
 
@@ -455,6 +460,9 @@ def from_model(
       initial_count: T to start from if T is not stored (default: the
         transformation's default).
       accumulator_dtype: state dtype for the transformation (default: as stored).
+      base_dir: the folder to read external data from when ``model`` is bytes or a
+        proto (a path's own folder otherwise); nothing outside it is read.
+      limits: the loading layer's size limits (:class:`Limits`).
 
     Returns:
       An :class:`ImportedModel`.
@@ -468,8 +476,12 @@ def from_model(
       >>> imported.T, imported.R, imported.update_binding
       (0, 0.10000000149011612, {'w': 'w.new', 'w.h': 'w.h.new', 'T': 'T.new'})
     """
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"from_model needs an onnx.ModelProto, got {type(model).__name__}")
+    if not isinstance(model, onnx.ModelProto | bytes | str | os.PathLike):
+        raise TypeError(
+            f"from_model needs an onnx.ModelProto, got {type(model).__name__} (the model's "
+            "bytes or its path work too)"
+        )
+    model = load_model(model, base_dir=base_dir, limits=limits)
     info, proto = _optimizer_node(model)
     node = read_node(proto)
     where = describe(proto)

@@ -45,7 +45,7 @@ def test_from_model_does_not_read_external_data_from_the_working_directory() -> 
     model = _trained_model()
     (r,) = [t for t in model.graph.initializer if t.name == "R"]
     _external(r, "canary.bin")
-    with pytest.raises(ValueError, match="external file, which is not loaded here") as info:
+    with pytest.raises(ValueError, match="no folder to read external data from") as info:
         interop.from_model(model)
     assert "CANARY" not in str(info.value)
 
@@ -62,7 +62,7 @@ def test_prepare_does_not_read_external_data_from_the_working_directory() -> Non
         initializer=[weight],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    with pytest.raises(ValueError, match="external file") as info:
+    with pytest.raises(ValueError, match="no folder to read external data from") as info:
         backend.prepare(model).run([])
     assert "CANARY" not in str(info.value)
 
@@ -96,3 +96,60 @@ def test_cast_reads_to_by_name_not_position() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     (z,) = backend.prepare(model).run([np.array([2.7, -1.5, 3.9], np.float32)])
     np.testing.assert_array_equal(z, [2.0, -1.0, 3.0])
+
+
+def _saved_with_external_weight(folder: Path, location: str) -> Path:
+    weight = helper.make_tensor("w", onnx.TensorProto.FLOAT, [4], [0.0] * 4)
+    _external(weight, location)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "external",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_external_data_inside_the_folder_is_read(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    path = _saved_with_external_weight(tmp_path, "w.bin")
+    (y,) = backend.prepare(str(path)).run([])
+    np.testing.assert_array_equal(y, [0.0, 1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ("../canary.bin", "leaves the model's folder"),
+        ("/etc/hostname", "relative path inside the model's folder"),
+        ("link/canary.bin", "leaves the model's folder"),
+        ("short.bin", "lie outside the file"),
+        ("missing.bin", "no such file"),
+    ],
+)
+def test_external_data_outside_or_broken_is_refused(
+    tmp_path: Path, location: str, message: str
+) -> None:
+    (tmp_path / "canary.bin").write_bytes(CANARY)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "link").symlink_to(tmp_path, target_is_directory=True)
+    (folder / "short.bin").write_bytes(b"\0" * 8)
+    path = _saved_with_external_weight(folder, location)
+    with pytest.raises(ValueError, match=message) as info:
+        backend.prepare(str(path))
+    assert "CANARY" not in str(info.value)
+
+
+def test_limits_name_the_limit_and_how_to_raise_it() -> None:
+    model = _trained_model()
+    with pytest.raises(
+        ValueError, match=r"limit of 1; raise it with limits=Limits\(nodes=\.\.\.\)"
+    ):
+        interop.from_model(model, limits=backend.Limits(nodes=1))
+    imported = interop.from_model(model, limits=backend.Limits(nodes=10))
+    assert imported.T == 0
