@@ -524,13 +524,14 @@ def from_model(
         node.operator.op_type, node.attributes, learning_rate, count, accumulator_dtype
     )
     names = list(node.group("X"))
-    params = _nest(names, [jnp.asarray(v) for v in stored["X"]], model)
-    init: Any = transformation.init(params)
-    state = init._replace(
+    params = _nest(names, jax.device_put(stored["X"]), model)
+    # The state as init() would shape it, from the stored tensors (no zeros made first).
+    state = node.operator.state(
+        count=jnp.asarray(transformation.initial_count).astype(jnp.int32),
         **{
-            field: _nest(names, [jnp.asarray(v) for v in stored[letter]], model)
+            field: _nest(names, jax.device_put(stored[letter]), model)
             for letter, field in node.operator.state_inputs
-        }
+        },
     )
     return ImportedModel(
         transformation=transformation,

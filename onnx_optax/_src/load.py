@@ -31,7 +31,7 @@ class Limits(NamedTuple):
     """How large a model may be; raise one with ``limits=Limits(nodes=...)``."""
 
     nodes: int = 200_000  # nodes in all graphs together
-    node_inputs: int = 20_000  # inputs of one node (an optimizer node: 3-4 per tensor)
+    node_inputs: int = 100_000  # inputs of one node (an optimizer node: 3-4 per tensor)
     file_bytes: int = 2**31 - 1  # the serialized model (protobuf's own limit)
     tensor_bytes: int = 16 * 2**30  # declared bytes of all tensors together
 
