@@ -153,3 +153,51 @@ def test_limits_name_the_limit_and_how_to_raise_it() -> None:
         interop.from_model(model, limits=backend.Limits(nodes=1))
     imported = interop.from_model(model, limits=backend.Limits(nodes=10))
     assert imported.T == 0
+
+
+def test_declared_output_types_are_not_applied_silently() -> None:
+    node = helper.make_node(
+        "Adagrad", ["R", "T", "X", "G", "H"], ["X_new", "H_new"], domain="ai.onnx.preview.training"
+    )
+    f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    graph = helper.make_graph(
+        [node],
+        "int8",
+        [helper.make_tensor_value_info("R", f32, []), helper.make_tensor_value_info("T", i64, [])]
+        + [helper.make_tensor_value_info(n, f32, [3]) for n in ("X", "G", "H")],
+        [
+            helper.make_tensor_value_info("X_new", onnx.TensorProto.INT8, [3]),
+            helper.make_tensor_value_info("H_new", f32, [3]),
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 21),
+            helper.make_opsetid("ai.onnx.preview.training", 1),
+        ],
+    )
+    x = np.full(3, 2.6, np.float32)
+    with pytest.raises(TypeError, match="graph output 'X_new' is declared int8"):
+        backend.prepare(model).run([np.float32(0.1), np.int64(0), x, x, x])
+
+
+@pytest.mark.parametrize("op_type", ["Relu", "Adagrad"])
+def test_a_repeated_attribute_is_refused(op_type: str) -> None:
+    if op_type == "Relu":
+        node = helper.make_node("LeakyRelu", ["x"], ["y"], alpha=0.1)
+        node.attribute.append(helper.make_attribute("alpha", 0.5))
+        inputs = [np.ones(2, np.float32)]
+    else:
+        node = helper.make_node(
+            "Adagrad",
+            ["R", "T", "X", "G", "H"],
+            ["X2", "H2"],
+            domain="ai.onnx.preview.training",
+            epsilon=1e-6,
+        )
+        node.attribute.append(helper.make_attribute("epsilon", 0.5))
+        x = np.ones(2, np.float32)
+        inputs = [np.float32(0.1), np.int64(0), x, x, x]
+    with pytest.raises(ValueError, match="given more than once"):
+        backend.run_node(node, inputs)

@@ -254,6 +254,25 @@ def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> Unsupp
     )
 
 
+def _declared(name: str, out: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    """An output in its declared type: never converted, except back to a 64-bit integer.
+
+    32-bit JAX computes int64 as int32 (values beyond int32 are refused on the way
+    in), so such an output is widened back losslessly. Any other difference
+    between the declared and the computed type is an error naming the output,
+    rather than a silent conversion (an X_new declared INT8 would round).
+    """
+    if dtype is None or out.dtype == dtype:
+        return out
+    if np.issubdtype(dtype, np.integer) and out.dtype == jax.dtypes.canonicalize_dtype(dtype):
+        return out.astype(dtype)
+    raise TypeError(
+        f"graph output '{name}' is declared {dtype} but the graph computes {out.dtype}; "
+        "onnx_optax does not convert outputs (fix the declared type, or enable 64-bit JAX "
+        "for double outputs)"
+    )
+
+
 class GraphFunction:
     """An ONNX graph as one jitted function of its graph inputs (initializers excluded).
 
@@ -489,8 +508,8 @@ class GraphFunction:
             feeds, params = jax.device_put((feeds, params), device)
         outputs = self._compiled(fixed)(feeds, params)
         return [
-            np.asarray(out) if dtype is None else np.asarray(out).astype(dtype, copy=False)
-            for out, dtype in zip(outputs, self.output_dtypes, strict=True)
+            _declared(name, np.asarray(out), dtype)
+            for name, out, dtype in zip(self.output_names, outputs, self.output_dtypes, strict=True)
         ]
 
     def _compiled(self, fixed: dict[str, np.ndarray]) -> Callable[..., Any]:

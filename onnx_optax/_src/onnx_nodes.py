@@ -100,6 +100,10 @@ def read_node(node: onnx.NodeProto) -> OptimizerNode:
     operator = OPERATORS[node.op_type]
     names = operator.attributes._fields
     attributes = schema_defaults(node.op_type)
+    given = [attribute.name for attribute in node.attribute]
+    repeated = sorted({name for name in given if given.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{where}: attribute(s) {', '.join(repeated)} given more than once")
     for attribute in node.attribute:
         name = attribute.name
         if name not in names:

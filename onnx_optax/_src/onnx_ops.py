@@ -1214,6 +1214,10 @@ def read_attributes(node: Any, opset: int, where: str) -> dict[str, Any]:
     for name, spec in schema.attributes.items():
         default = spec.default_value
         values[name] = _attribute_value(default, where) if default.type else None
+    names = [attribute.name for attribute in node.attribute]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{where}: attribute(s) {', '.join(repeated)} given more than once")
     for attribute in node.attribute:
         declared = schema.attributes.get(attribute.name)
         if declared is None:
