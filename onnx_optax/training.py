@@ -730,6 +730,11 @@ class Session:
         self._checked: set[Any] = set()
 
     @property
+    def inputs(self) -> list[str]:
+        """The names a step feeds: every entry's algorithm inputs and the graph inputs it reads."""
+        return list(dict.fromkeys(v.name for entry in self._entries for v in entry.feeds))
+
+    @property
     def initializers(self) -> dict[str, np.ndarray]:
         """The current value of every initializer a binding updates, by name."""
         return {
