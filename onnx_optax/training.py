@@ -814,6 +814,18 @@ class Session:
             outputs.update({n: np.asarray(v) for n, v in reported.items()})
         return outputs
 
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The inference graph's ``outputs`` (default: all) with the current initializers.
+
+        Only the nodes those outputs need are compiled (once per call).
+        """
+        model = self.to_model()
+        function = GraphFunction(model.graph, outputs=outputs, opsets=_opsets(model))
+        values = function({n: inputs[n] for n in function.input_names if n in inputs})
+        return dict(zip(function.output_names, values, strict=True))
+
     def to_model(self) -> onnx.ModelProto:
         """The model with the same graphs and every bound initializer's current value."""
         model = onnx.ModelProto()

@@ -453,3 +453,50 @@ def test_bad_feeds_leave_the_initializers_unchanged() -> None:
         ValueError,
         r"feed 'label' has shape \[16, 1\]",
     )
+
+
+def test_a_model_from_a_real_exporter_trains_and_runs_in_onnxruntime() -> None:
+    """skl2onnx's MLPClassifier: attached, checked, trained, written back, run by onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    import warnings
+
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = MLPClassifier(hidden_layer_sizes=(16,), max_iter=3, random_state=0).fit(X, y)
+    exported = skl2onnx.to_onnx(clf, X[:1], options={"zipmap": False}, target_opset=18)
+    model = training.attach(
+        exported,
+        loss="log_loss",
+        target="target",
+        output="probabilities",
+        optimizer=onnx_optax.adam(0.01),
+    )
+    onnx.checker.check_model(model, full_check=True)
+    assert training.check(model) == []
+    session = training.Session(model)
+    losses = [
+        float(
+            session.step(
+                {"X": X[i * 64 : (i + 1) * 64], "target": y[i * 64 : (i + 1) * 64].astype(np.int64)}
+            )["loss"]
+        )
+        for i in range(10)
+    ]
+    assert losses[-1] < losses[0]
+    trained = onnx.ModelProto.FromString(session.to_model().SerializeToString())
+    run = ort.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
+    label, probabilities = run.run(["label", "probabilities"], {"X": X[:100]})
+    ours = session.run({"X": X[:100]}, ["probabilities"])["probabilities"]
+    np.testing.assert_allclose(probabilities, ours, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(label, np.argmax(ours, axis=1))
+    original = ort.InferenceSession(
+        exported.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    assert not np.allclose(original.run(["probabilities"], {"X": X[:100]})[0], probabilities)
