@@ -722,6 +722,8 @@ class Session:
         initializers = _initializers(model)
         names = _mutable(model)
         self._dtypes = {n: initializers[n].dtype for n in names}
+        self._order = list(initializers)
+        self._fixed = {n: v for n, v in initializers.items() if n not in self._dtypes}
         self._state = {n: to_jax(f"initializer '{n}'", initializers[n]) for n in names}
         self._entries = [
             _Entry(model, index, {n: initializers[n] for n in names}, initializers)
@@ -736,10 +738,14 @@ class Session:
 
     @property
     def initializers(self) -> dict[str, np.ndarray]:
-        """The current value of every initializer a binding updates, by name."""
-        return {
+        """The current value of every initializer of the model's graph, by name.
+
+        Those a binding updates change with each step; the others are as stored.
+        """
+        current = {
             n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
         }
+        return {n: current[n] if n in current else self._fixed[n] for n in self._order}
 
     def initialize(self) -> None:
         """Runs each entry's initialization graph and applies its ``initialization_binding``."""
@@ -830,7 +836,9 @@ class Session:
         """The model with the same graphs and every bound initializer's current value."""
         model = onnx.ModelProto()
         model.CopyFrom(self._model)
-        current = self.initializers
+        current = {
+            n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
+        }
         for init in model.graph.initializer:
             if init.name in current:
                 init.CopyFrom(numpy_helper.from_array(current[init.name], init.name))

@@ -138,7 +138,7 @@ def test_conformance_without_the_onnx_extra_exits_2_and_says_how_to_install() ->
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("module", ["interop", "backend"])
+@pytest.mark.parametrize("module", ["interop", "backend", "training"])
 def test_importing_without_the_onnx_extra_names_the_extra(module: str) -> None:
     code = _blocked("onnx") + (
         "try:\n"
@@ -272,12 +272,15 @@ def test_check_reports_problems_with_exit_1(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 2 and "no such file" in result.stderr
 
 
-def test_train_says_which_arrays_do_not_match(tmp_path: pathlib.Path) -> None:
+def test_train_says_which_arrays_do_not_match(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import numpy as np
 
     pytest.importorskip("onnx")
     _inference_model(tmp_path / "in.onnx")
-    assert _run("attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")).returncode == 0
+    # In process (cli.main), to keep the five cases fast.
+    assert cli.main(["attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")]) == 0
     x = np.zeros((8, 4), np.float32)
     cases = {
         "missing": ({"x": x}, r"no array for the input(s) ['label']"),
@@ -290,10 +293,21 @@ def test_train_says_which_arrays_do_not_match(tmp_path: pathlib.Path) -> None:
     }
     for name, (arrays, message) in cases.items():
         _npz(tmp_path / f"{name}.npz", **arrays)
-        result = _run(
+        capsys.readouterr()
+        status = cli.main([
             "train", str(tmp_path / "t.onnx"), "--data", str(tmp_path / f"{name}.npz"),
             "--steps", "1", "--batch-size", "4", "-o", str(tmp_path / "out.onnx"),
-        )  # fmt: skip
-        assert result.returncode == 2, (name, result.stderr)
-        assert message in result.stderr, (name, result.stderr)
+        ])  # fmt: skip
+        stderr = capsys.readouterr().err
+        assert status == 2, (name, stderr)
+        assert message in stderr, (name, stderr)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_training_commands_without_the_onnx_extra_exit_2(tmp_path: pathlib.Path) -> None:
+    code = _blocked("onnx") + (
+        f"from onnx_optax.cli import main\nsys.exit(main(['check', {str(tmp_path / 'm.onnx')!r}]))\n"
+    )
+    result = _python("-c", code)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "needs the onnx extra" in result.stderr and "Traceback" not in result.stderr
