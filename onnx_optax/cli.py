@@ -1,7 +1,9 @@
-"""The ``onnx-optax`` command line: ``demo``, ``conformance`` and ``bench``.
+"""The ``onnx-optax`` command line: ``demo``, ``conformance``, ``bench``, ``attach``,
+``check`` and ``train``.
 
 Exit status: 0 success (every conformance case passes), 1 a check failed (a
-conformance case), 2 a usage error or a missing optional dependency. With no
+conformance case, a training model's problems), 2 a usage error (a file that
+cannot be read, data that do not fit the model) or a missing optional dependency. With no
 command, ``onnx-optax`` prints its help and exits 2.
 """
 
@@ -98,6 +100,115 @@ def _bench(args: argparse.Namespace) -> int:
     return result
 
 
+def _training() -> ModuleType:
+    (training,) = require("onnx-optax training", "onnx", "onnx_optax.training")
+    return training
+
+
+def _read_model(training: ModuleType, path: str) -> object:
+    if not pathlib.Path(path).is_file():
+        raise UsageError(f"cannot read the model {path!r}: no such file")
+    try:
+        return training.load(path)
+    except Exception as error:  # a stranger's file: any parse failure is a usage error
+        raise UsageError(f"cannot read the model {path!r}: {error}") from None
+
+
+def _attach(args: argparse.Namespace) -> int:
+    training = _training()
+    _writable_file(args.output, "the model")
+    model = _read_model(training, args.model)
+    kwargs: dict[str, float] = {}
+    if args.optimizer in ("momentum", "nesterov"):
+        kwargs = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
+    if args.alpha is not None:
+        kwargs["alpha"] = args.alpha
+    if args.beta is not None:
+        kwargs["beta"] = args.beta
+    factory = getattr(onnx_optax, args.optimizer)
+    try:
+        optimizer = factory(args.learning_rate, **kwargs)
+        attached = training.attach(
+            model,
+            loss=args.loss,
+            target=args.target,
+            output=args.output_name,
+            optimizer=optimizer,
+            trainable=args.trainable,
+        )
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    import onnx
+
+    onnx.save(attached, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    training = _training()
+    problems = training.check(_read_model(training, args.model))
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{args.model}: {len(problems)} problem(s)", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.model}: ok")
+    return EXIT_OK
+
+
+def _train(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    training = _training()
+    if args.steps < 1 or args.batch_size < 1:
+        raise UsageError("--steps and --batch-size must be at least 1")
+    _writable_file(args.output, "the model")
+    model = _read_model(training, args.model)
+    try:
+        session = training.Session(model)
+    except training.TrainingModelError as error:
+        print(str(error), file=sys.stderr)
+        return EXIT_FAILED
+    if not pathlib.Path(args.data).is_file():
+        raise UsageError(f"cannot read the data {args.data!r}: no such file")
+    with np.load(args.data, allow_pickle=False) as npz:
+        data = {name: npz[name] for name in npz.files}
+    missing = [n for n in session.inputs if n not in data]
+    if missing:
+        raise UsageError(
+            f"{args.data}: no array for the input(s) {missing}; the model trains on "
+            f"{session.inputs} and the file holds {sorted(data)}"
+        )
+    data = {n: data[n] for n in session.inputs}
+    rows = {n: (v.shape[0] if v.ndim else None) for n, v in data.items()}
+    if len(set(rows.values())) != 1 or None in rows.values():
+        raise UsageError(f"{args.data}: the arrays must have the same number of rows, got {rows}")
+    count = int(next(iter(rows.values())) or 0)
+    if args.batch_size > count:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {count} rows of data")
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(count)
+    position = 0
+    for step in range(1, args.steps + 1):
+        if position + args.batch_size > count:
+            order, position = rng.permutation(count), 0
+        index = order[position : position + args.batch_size]
+        position += args.batch_size
+        try:
+            outputs = session.step({n: v[index] for n, v in data.items()})
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{args.data}: {error}") from None
+        if step == 1 or step == args.steps or step % args.log_every == 0:
+            shown = " ".join(f"{k}={float(np.mean(v)):.6g}" for k, v in outputs.items())
+            print(f"step {step}/{args.steps} {shown}", file=sys.stderr)
+    import onnx
+
+    onnx.save(session.to_model(), args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-optax",
@@ -182,11 +293,73 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-slow", action="store_true", help="skip torch.optim and onnx.reference")
     bench.set_defaults(run=_bench)
+
+    attach = commands.add_parser(
+        "attach",
+        help="make an inference ONNX model trainable: add a loss and an optimizer (training_info)",
+        description="Add training_info to an inference model: the loss of one graph output "
+        "against a new target input, its Gradient, an optimizer node, T + 1 and the bindings. "
+        "The inference graph is left as it is. Needs the onnx extra.",
+    )
+    attach.add_argument("model", help="the inference model (.onnx)")
+    attach.add_argument("-o", "--output", required=True, help="the training model to write")
+    attach.add_argument(
+        "--loss",
+        default="softmax_cross_entropy",
+        choices=["softmax_cross_entropy", "log_loss", "nll", "mse"],
+        help="softmax_cross_entropy (logits), log_loss (probabilities), nll "
+        "(log-probabilities): int64 class targets; mse: targets shaped like the output",
+    )
+    attach.add_argument(
+        "--optimizer", default="adam", choices=["adagrad", "adam", "momentum", "nesterov"]
+    )
+    attach.add_argument("--learning-rate", type=float, default=1e-3, help="R (default: 1e-3)")
+    attach.add_argument("--alpha", type=float, help="the optimizer's alpha (Adam, Momentum)")
+    attach.add_argument("--beta", type=float, help="the optimizer's beta (Adam, Momentum)")
+    attach.add_argument("--target", default="label", help="the new targets input (default: label)")
+    attach.add_argument(
+        "--output-name", help="the graph output the loss reads (default: the first)"
+    )
+    attach.add_argument(
+        "--trainable",
+        action="append",
+        metavar="NAME",
+        help="an initializer to train (repeat; default: every float initializer)",
+    )
+    attach.set_defaults(run=_attach)
+
+    check = commands.add_parser(
+        "check",
+        help="check a training model's training_info (exit 1 and the list of problems)",
+        description="Check what the ONNX checker does not: bindings, Gradient xs and y, "
+        "optimizer state, T + 1, shapes. Exit 0 if sound, 1 with one problem a line.",
+    )
+    check.add_argument("model", help="the model (.onnx)")
+    check.set_defaults(run=_check)
+
+    train = commands.add_parser(
+        "train",
+        help="train a model from its own training_info on arrays of an .npz file",
+        description="Run the model's training_info for --steps steps on shuffled batches of "
+        "the arrays in --data (named as the inputs a step reads, one row per example), print "
+        "the loss on stderr and write the trained model, which trains on from where it stopped.",
+    )
+    train.add_argument("model", help="the training model (.onnx)")
+    train.add_argument("--data", required=True, help=".npz file of arrays named as the inputs")
+    train.add_argument("--steps", type=int, required=True, help="training steps")
+    train.add_argument("--batch-size", type=int, default=32, help="rows a step (default: 32)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the shuffling (default: 0)")
+    train.add_argument(
+        "--log-every", type=int, default=10, help="print the loss every N steps (default: 10)"
+    )
+    train.add_argument("-o", "--output", required=True, help="the trained model to write")
+    train.set_defaults(run=_train)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``onnx-optax`` command: ``demo``, ``conformance``, ``bench``.
+    """Entry point of the ``onnx-optax`` command: ``demo``, ``conformance``, ``bench``,
+    ``attach``, ``check``, ``train``.
 
     Returns the process exit status: 0 success, 1 a check failed, 2 a usage error
     or a missing optional dependency (the message says which extra to install).

@@ -394,14 +394,14 @@ def _optimizer_node(model: onnx.ModelProto) -> tuple[onnx.TrainingInfoProto, onn
         (info, node)
         for info in model.training_info
         for node in info.algorithm.node
-        if node.domain == DOMAIN
+        if node.domain == DOMAIN and node.op_type != "Gradient"
     ]
     if not model.training_info:
         raise ValueError("the model has no training_info: there is no training algorithm")
     if len(found) != 1:
         raise ValueError(
-            f"the model's training_info holds {len(found)} nodes of '{DOMAIN}'; from_model reads "
-            "exactly one optimizer node"
+            f"the model's training_info holds {len(found)} nodes of '{DOMAIN}' other "
+            "than Gradient; from_model reads exactly one optimizer node"
         )
     return found[0]
 

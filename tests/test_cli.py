@@ -42,7 +42,7 @@ def _blocked(*modules: str) -> str:
 def test_help_lists_the_commands() -> None:
     result = _run("--help")
     assert result.returncode == 0
-    for command in ("demo", "conformance", "bench", "exit status"):
+    for command in ("demo", "conformance", "bench", "attach", "check", "train", "exit status"):
         assert command in result.stdout
 
 
@@ -138,7 +138,7 @@ def test_conformance_without_the_onnx_extra_exits_2_and_says_how_to_install() ->
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("module", ["interop", "backend"])
+@pytest.mark.parametrize("module", ["interop", "backend", "training"])
 def test_importing_without_the_onnx_extra_names_the_extra(module: str) -> None:
     code = _blocked("onnx") + (
         "try:\n"
@@ -197,3 +197,117 @@ def test_bench_finds_the_harness_of_this_checkout(monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(REPOSITORY)  # found next to the package source, or else in the cwd
     path = cli.find_benchmark()
     assert path is not None and path.name == "optimizer_step.py"
+
+
+# ----------------------------------------------------------------------------- attach, check, train
+
+
+def _inference_model(path: pathlib.Path) -> None:
+    """A 4-3 linear classifier saved to ``path``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["logits"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
+        initializer=[
+            numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "W"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "b"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def _npz(path: pathlib.Path, **arrays: object) -> None:
+    import numpy as np
+
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+
+
+def test_attach_check_train_and_resume(tmp_path: pathlib.Path) -> None:
+    import numpy as np
+
+    pytest.importorskip("onnx")
+    _inference_model(tmp_path / "in.onnx")
+    result = _run(
+        "attach", str(tmp_path / "in.onnx"), "--loss", "softmax_cross_entropy",
+        "--optimizer", "adam", "--learning-rate", "1e-2", "-o", str(tmp_path / "t.onnx"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = _run("check", str(tmp_path / "t.onnx"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok" in result.stdout
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    _npz(tmp_path / "d.npz", x=x, label=(x[:, 0] > 0).astype(np.int64))
+    args = ["--data", str(tmp_path / "d.npz"), "--steps", "20", "--batch-size", "16"]
+    result = _run("train", str(tmp_path / "t.onnx"), *args, "-o", str(tmp_path / "1.onnx"))
+    assert result.returncode == 0, result.stderr
+    assert "step 1/20 loss=" in result.stderr and "step 20/20 loss=" in result.stderr
+    result = _run("train", str(tmp_path / "1.onnx"), *args, "-o", str(tmp_path / "2.onnx"))
+    assert result.returncode == 0, result.stderr
+    from onnx_optax import training
+
+    trained = training.Session(training.load(tmp_path / "2.onnx")).initializers
+    assert trained["T"] == 41  # resumed: 1 + 20 + 20
+
+
+def test_check_reports_problems_with_exit_1(tmp_path: pathlib.Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    import onnx_optax
+    from onnx_optax import training
+
+    _inference_model(tmp_path / "in.onnx")
+    model = training.attach(onnx.load(str(tmp_path / "in.onnx")), optimizer=onnx_optax.adam(0.1))
+    model.training_info[0].update_binding.add(key="nothing", value="loss")
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    result = _run("check", str(tmp_path / "bad.onnx"))
+    assert result.returncode == 1
+    assert "update_binding['nothing'] = 'loss': 'nothing' is not an initializer" in result.stdout
+    result = _run("check", str(tmp_path / "missing.onnx"))
+    assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_train_says_which_arrays_do_not_match(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    pytest.importorskip("onnx")
+    _inference_model(tmp_path / "in.onnx")
+    # In process (cli.main), to keep the five cases fast.
+    assert cli.main(["attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")]) == 0
+    x = np.zeros((8, 4), np.float32)
+    cases = {
+        "missing": ({"x": x}, r"no array for the input(s) ['label']"),
+        "rows": ({"x": x, "label": np.zeros(5, np.int64)}, "the same number of rows"),
+        "dtype": ({"x": x, "label": np.zeros(8, np.float32)}, "feed 'label' has dtype float32"),
+        "shape": (
+            {"x": np.zeros((8, 5), np.float32), "label": np.zeros(8, np.int64)},
+            "feed 'x' has shape [4, 5]",
+        ),
+    }
+    for name, (arrays, message) in cases.items():
+        _npz(tmp_path / f"{name}.npz", **arrays)
+        capsys.readouterr()
+        status = cli.main([
+            "train", str(tmp_path / "t.onnx"), "--data", str(tmp_path / f"{name}.npz"),
+            "--steps", "1", "--batch-size", "4", "-o", str(tmp_path / "out.onnx"),
+        ])  # fmt: skip
+        stderr = capsys.readouterr().err
+        assert status == 2, (name, stderr)
+        assert message in stderr, (name, stderr)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_training_commands_without_the_onnx_extra_exit_2(tmp_path: pathlib.Path) -> None:
+    code = _blocked("onnx") + (
+        f"from onnx_optax.cli import main\nsys.exit(main(['check', {str(tmp_path / 'm.onnx')!r}]))\n"
+    )
+    result = _python("-c", code)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "needs the onnx extra" in result.stderr and "Traceback" not in result.stderr

@@ -17,7 +17,9 @@ def test_all_names_import(module: str) -> None:
         assert getattr(imported, name) is not None, f"{module}.{name}"
 
 
-@pytest.mark.parametrize("module", ["onnx_optax.backend", "onnx_optax.interop"])
+@pytest.mark.parametrize(
+    "module", ["onnx_optax.backend", "onnx_optax.interop", "onnx_optax.training"]
+)
 def test_onnx_modules_import(module: str) -> None:
     pytest.importorskip("onnx")
     imported = importlib.import_module(module)

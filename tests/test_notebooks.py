@@ -17,6 +17,7 @@ def test_the_notebooks_are_there() -> None:
         "02_flax_training.ipynb",
         "03_onnx_vs_optax_and_pytorch.ipynb",
         "04_onnx_training_models.ipynb",
+        "05_train_an_onnx_model.ipynb",
     ]
 
 
