@@ -42,8 +42,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 from __future__ import annotations
 
 import os
-import pathlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -58,6 +57,7 @@ except ImportError as _error:
     raise missing_extra("onnx_optax.training", "onnx", _error) from _error
 
 from onnx_optax._src.graph import GRADIENT, GraphFunction, to_jax
+from onnx_optax._src.load import load_model
 from onnx_optax._src.onnx_graph import cone
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, describe, make_node, read_node
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
@@ -85,50 +85,17 @@ class TrainingModelError(ValueError):
 
 
 def load(path: str | os.PathLike[str]) -> onnx.ModelProto:
-    """Reads a model file; external data is resolved only inside the model's folder.
+    """Reads a model file through onnx_optax's one loading layer.
 
-    The one place where this module reads files (a later loading layer replaces it).
+    External data is read only from inside the model's folder, and the size
+    limits of :class:`onnx_optax.backend.Limits` apply.
     """
-    path = pathlib.Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    folder = path.resolve().parent
-    external = [
-        tensor
-        for tensor in _all_tensors(model)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL
-    ]
-    for tensor in external:
-        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
-        target = (folder / location).resolve()
-        if not location or not target.is_relative_to(folder) or not target.is_file():
-            raise ValueError(
-                f"{path}: tensor '{tensor.name}' keeps its data in {location!r}, which is not a "
-                "file inside the model's folder; refusing to read it"
-            )
-    if external:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, str(folder))
-    return model
-
-
-def _all_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
-    graphs = [model.graph]
-    for info in model.training_info:
-        graphs += [info.initialization, info.algorithm]
-    for graph in graphs:
-        yield from graph.initializer
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    yield attribute.t
+    return load_model(path)
 
 
 def _as_model(model: Any) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, str | os.PathLike):
-        return load(model)
+    if isinstance(model, onnx.ModelProto | bytes | str | os.PathLike):
+        return load_model(model)
     raise TypeError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
 
 
