@@ -236,16 +236,6 @@ def _isinf(node: Node, x: Any) -> Any:
     return xp.logical_or(pos, neg)
 
 
-def _compare(fn_name: str) -> Callable[..., Any]:
-    def run(node: Node, a: Any, b: Any) -> Any:
-        b = _legacy_broadcast(node, a, b)
-        _same_dtype(node, a, b)
-        _broadcast_check(node, a, b)
-        return getattr(_xp(a, b), fn_name)(a, b)
-
-    return run
-
-
 for _name, _fn_name in [
     ("Equal", "equal"),
     ("Less", "less"),
@@ -256,7 +246,7 @@ for _name, _fn_name in [
     ("Or", "logical_or"),
     ("Xor", "logical_xor"),
 ]:
-    register(_name)(_compare(_fn_name))
+    register(_name)(_binary(_fn_name))
 
 
 def _variadic(fn_name: str) -> Callable[..., Any]:
