@@ -51,7 +51,7 @@ except ImportError as _error:
 from onnx_optax._src import checks
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
-from onnx_optax._src.onnx_graph import GraphFunction, cone, constant_value
+from onnx_optax._src.onnx_graph import constant_value, count_function
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPSET_VERSION,
@@ -588,16 +588,8 @@ def _check_bindings(
             )
         T_now = int(np.asarray(initializers[T_name]))
         output = binding[T_name]
-        nodes = cone(info.algorithm, [output])
-        subgraph = helper.make_graph(
-            nodes,
-            "count",
-            [i for i in info.algorithm.input if any(i.name in n.input for n in nodes)],
-            [o for o in info.algorithm.output if o.name == output],
-            initializer=list(info.algorithm.initializer),
-        )
         try:
-            counter = GraphFunction(subgraph, outer_values={T_name: np.asarray(T_now)})
+            counter = count_function(info.algorithm, T_name, T_now, output)
         except UnsupportedOperatorError as error:
             raise ValueError(
                 f"update_binding['{T_name}'] = '{output}': cannot check that it is T + 1 ({error})"

@@ -58,7 +58,7 @@ except ImportError as _error:
 
 from onnx_optax._src.graph import GRADIENT, GraphFunction, to_jax
 from onnx_optax._src.load import load_model
-from onnx_optax._src.onnx_graph import cone
+from onnx_optax._src.onnx_graph import count_function
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, describe, make_node, read_node
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.packed import PackedTree
@@ -620,17 +620,9 @@ def _optimizer_problems(
             )
         else:
             T_now = int(np.asarray(initializers[T]))
-            nodes = cone(algorithm, [output])
-            sub = helper.make_graph(
-                nodes,
-                "count",
-                [],
-                [o for o in algorithm.output if o.name == output],
-                initializer=list(algorithm.initializer),
-            )
             try:
-                (T_next,) = GraphFunction(sub, outer_values={T: np.asarray(T_now)})([])
-                ok = int(np.asarray(T_next)) == T_now + 1
+                counter = count_function(algorithm, T, T_now, output)
+                ok = not counter.input_names and int(np.asarray(counter([])[0])) == T_now + 1
             except (TypeError, ValueError, NotImplementedError):
                 ok = False
             if not ok:

@@ -230,10 +230,6 @@ def _units(states: Sequence[Any], n: int) -> tuple[list[_Unit], packed.PackedLay
     return units, layout
 
 
-def _flat(leaves: Sequence[Any], unit: _Unit, dtype: Any) -> jax.Array:
-    return jnp.concatenate([leaves[i].astype(dtype).reshape(-1) for i in unit.members])
-
-
 def _check_layouts(where: str, fields: Sequence[str], states: Sequence[Any]) -> None:
     is_packed = [isinstance(tree, PackedTree) for tree in states]
     if any(is_packed) and not all(is_packed):

@@ -11,7 +11,15 @@ from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops, to_j
 from onnx_optax._src.onnx_nodes import describe
 from onnx_optax._src.onnx_ops import read_attributes
 
-__all__ = ["GraphFunction", "check_feed", "cone", "constant_value", "node_graph", "supported_ops"]
+__all__ = [
+    "GraphFunction",
+    "check_feed",
+    "cone",
+    "constant_value",
+    "count_function",
+    "node_graph",
+    "supported_ops",
+]
 
 
 def constant_value(node: Any) -> np.ndarray:
@@ -38,3 +46,23 @@ def cone(graph: Any, outputs: Sequence[str]) -> list[Any]:
             picked.append(node)
             needed.update(name for name in node.input if name)
     return picked[::-1]
+
+
+def count_function(algorithm: Any, T_name: str, T_now: int, output: str) -> GraphFunction:
+    """The part of ``algorithm`` that computes ``output``, with T fixed at ``T_now``.
+
+    What checks that an ``update_binding`` of a stored T is T + 1 evaluates:
+    the function's ``input_names`` say whether ``output`` also depends on the
+    algorithm's inputs (then it is no count).
+    """
+    from onnx import helper
+
+    nodes = cone(algorithm, [output])
+    subgraph = helper.make_graph(
+        nodes,
+        "count",
+        [i for i in algorithm.input if any(i.name in n.input for n in nodes)],
+        [o for o in algorithm.output if o.name == output],
+        initializer=list(algorithm.initializer),
+    )
+    return GraphFunction(subgraph, outer_values={T_name: np.asarray(T_now)})

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -191,8 +190,3 @@ def make_node(
         domain=DOMAIN,
         **dict(attributes),
     )
-
-
-def to_numpy_dtype(elem_type: int) -> np.dtype:
-    """The numpy dtype of an ONNX tensor element type."""
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
