@@ -14,6 +14,7 @@ from onnx import helper  # noqa: E402
 from onnx_optax import backend  # noqa: E402
 from onnx_optax.backend import OnnxOptaxBackend, UnsupportedOperatorError  # noqa: E402
 from tests.onnx_suite import backend_test  # noqa: E402
+from tests.optimizers import DOMAIN  # noqa: E402
 
 CASES = (
     "adagrad",
@@ -42,9 +43,6 @@ del _node_tests  # pytest would collect every unittest class left in the module
 def test_runner_selected_exactly_the_seven_cases() -> None:
     names = sorted(n for n in dir(OnnxBackendOptimizerNodeTest) if n.startswith("test_"))
     assert names == sorted(f"test_{c}_{d}" for c in CASES for d in DEVICES)
-
-
-DOMAIN = "ai.onnx.preview.training"
 
 
 def _adam_step_model() -> onnx.ModelProto:

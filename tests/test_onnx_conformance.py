@@ -20,27 +20,25 @@ import numpy as np
 import pytest
 
 import onnx_optax
-from tests.optimizers import OPTIMIZERS, assert_close_to_oracle, random_state_tensor, tolerance
+from tests.onnx_suite import OPTIMIZER_CASES
+from tests.optimizers import (
+    DOMAIN,
+    OPTIMIZERS,
+    assert_close_to_oracle,
+    random_state_tensor,
+    tolerance,
+)
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-DOMAIN = "ai.onnx.preview.training"
 OPS = {
     "Adagrad": onnx_optax.ops.adagrad,
     "Adam": onnx_optax.ops.adam,
     "Momentum": onnx_optax.ops.momentum,
 }
-CASE_NAMES = [
-    "test_adagrad",
-    "test_adagrad_multiple",
-    "test_adam",
-    "test_adam_multiple",
-    "test_momentum",
-    "test_nesterov_momentum",
-    "test_momentum_multiple",
-]
+CASE_NAMES = list(OPTIMIZER_CASES)
 
 
 @functools.cache
