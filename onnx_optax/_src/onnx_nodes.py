@@ -17,6 +17,7 @@ import jax
 import onnx
 from onnx import helper
 
+from onnx_optax._src.checks import check_choice
 from onnx_optax._src.driver import Operator
 from onnx_optax._src.registry import OPERATORS
 
@@ -127,11 +128,7 @@ def read_node(node: onnx.NodeProto) -> OptimizerNode:
             f"{node.op_type} has no default for them)"
         )
     for name, choices in operator.choices.items():
-        if attributes[name] not in choices:
-            wanted = " or ".join(repr(choice) for choice in choices)
-            raise ValueError(
-                f"{where}: attribute {name} must be {wanted}, got {attributes[name]!r}"
-            )
+        check_choice(where, f"attribute {name}", attributes[name], choices)
     k = len(operator.groups)
     n_inputs = len(node.input)
     if n_inputs < 2 + k or (n_inputs - 2) % k:
