@@ -1,0 +1,168 @@
+"""``attach``: an inference model plus a loss and an optimizer as a training model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_optax._src.graph import GRADIENT
+from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
+from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.packed import PackedTree
+from onnx_optax._src.registry import operator_of
+from onnx_optax.interop import _attribute_values, _common_dtype, _learning_rate_value
+from onnx_optax.training._losses import LOSS_OUTPUT, loss_nodes
+from onnx_optax.training._model import Names, declared, value_info
+
+
+def attach(
+    model: onnx.ModelProto,
+    *,
+    loss: Any = "softmax_cross_entropy",
+    target: str = "label",
+    output: str | None = None,
+    optimizer: Any,
+    trainable: Sequence[str] | None = None,
+) -> onnx.ModelProto:
+    """An inference model made trainable: its graph untouched, plus ``training_info``.
+
+    The algorithm computes the loss of ``output`` against the new input
+    ``target``, its ``Gradient`` with respect to the ``trainable``
+    initializers, one optimizer step and ``T + 1``; ``update_binding`` writes
+    the new parameters, the optimizer state (stored as initializers, as the
+    transformation's ``init`` makes it) and T back. Its loss output is ``loss``.
+
+    Args:
+      model: the inference ``ModelProto`` (not modified).
+      loss: ``"softmax_cross_entropy"`` (logits), ``"log_loss"``
+        (probabilities, clipped below at 1e-7), ``"nll"`` (log-probabilities):
+        each with int64 class targets, one per row; ``"mse"`` (a target shaped
+        like the output, mean over every element); or a ``GraphProto`` with
+        inputs (prediction, target) and one scalar output.
+      target: name of the new graph input holding the targets.
+      output: the graph output the loss reads (default: the first).
+      optimizer: a transformation built by onnx_optax (adagrad, adam,
+        momentum, nesterov; not a chain) with a constant learning rate.
+      trainable: initializer names to train (default: every float initializer).
+
+    Returns:
+      A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
+      and :func:`check`.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"attach needs an onnx.ModelProto, got {type(model).__name__}")
+    operator = operator_of(optimizer)
+    if model.training_info:
+        raise ValueError("the model already has training_info; attach takes an inference model")
+    graph = model.graph
+    names = Names(graph)
+    outputs = {o.name: o for o in graph.output}
+    if not outputs:
+        raise ValueError("the model's graph has no output for the loss to read")
+    output = graph.output[0].name if output is None else output
+    if output not in outputs:
+        raise ValueError(
+            f"output {output!r} is not a graph output; the outputs are {list(outputs)}"
+        )
+    if target in names.taken:
+        raise ValueError(
+            f"target {target!r} is already a tensor name of the model; pass another target="
+        )
+    names.taken.add(target)
+    if LOSS_OUTPUT in names.taken:
+        raise ValueError(f"the model already has a tensor named {LOSS_OUTPUT!r}, the loss output")
+    names.taken.add(LOSS_OUTPUT)
+    elem, shape = declared(outputs[output])
+    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+        raise ValueError(f"output {output!r} is not a float tensor; the loss reads a float output")
+
+    values = {i.name: read_tensor(i, "graph initializer") for i in graph.initializer}
+    floats = [n for n, v in values.items() if np.issubdtype(v.dtype, np.floating)]
+    chosen = floats if trainable is None else list(trainable)
+    unknown = [n for n in chosen if n not in values]
+    if unknown:
+        raise ValueError(f"trainable {unknown} are not initializers of the model's graph")
+    if not chosen:
+        raise ValueError("nothing to train: the model has no float initializer")
+    params = {n: values[n] for n in chosen}
+    dtype = _common_dtype(list(params.values()))
+    p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
+
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    nodes, inits, target_info, value = loss_nodes(loss, output, elem, shape, target, names, opset)
+    nodes.append(helper.make_node("Identity", [value], [LOSS_OUTPUT]))
+
+    grads = [names(f"{n}.grad") for n in chosen]
+    nodes.append(
+        helper.make_node(
+            GRADIENT, chosen, grads, domain=DOMAIN, xs=chosen, y=value, name="gradient"
+        )
+    )
+    # The node with placeholder names, renamed to fresh ones.
+    placeholders = [f"p{i}" for i in range(len(chosen))]
+    node = make_node(
+        operator.op_type,
+        _attribute_values(optimizer),
+        placeholders,
+        node_name=names(operator.op_type.lower()),
+    )
+    R, T = names("R"), names("T")
+    rename = {"R": R, "T": T}
+    for p, n, g in zip(placeholders, chosen, grads, strict=True):
+        rename[p], rename[f"{p}.grad"] = n, g
+        rename[f"{p}.new"] = names(f"{n}.new")
+        for field in operator.fields:
+            rename[f"{p}.{field}"] = names(f"{n}.{field}")
+            rename[f"{p}.{field}.new"] = names(f"{n}.{field}.new")
+    node.input[:] = [rename[n] for n in node.input]
+    node.output[:] = [rename[n] for n in node.output]
+    nodes.append(node)
+    one, T_next = names("T.one"), names("T.next")
+    nodes.append(helper.make_node("Add", [T, one], [T_next]))
+
+    state = optimizer.init({n: jax.numpy.asarray(v) for n, v in params.items()})
+    stored = [numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T)]
+    for field in operator.fields:
+        tree = getattr(state, field)
+        if isinstance(tree, PackedTree):
+            tree = tree.unpack()
+        for n in chosen:
+            stored.append(
+                numpy_helper.from_array(
+                    np.asarray(tree[n], dtype), rename[f"p{chosen.index(n)}.{field}"]
+                )
+            )
+    learning_rate = _learning_rate_value(optimizer, None)
+    inits += [
+        numpy_helper.from_array(np.asarray(learning_rate, dtype), R),
+        numpy_helper.from_array(np.asarray(1, np.int64), one),
+    ]
+    binding = {}
+    algorithm_outputs = [value_info(LOSS_OUTPUT, elem, [])]
+    for group_in, group_out in [("", ".new")] + [(f".{f}", f".{f}.new") for f in operator.fields]:
+        for i, n in enumerate(chosen):
+            key = n if not group_in else rename[f"p{i}{group_in}"]
+            out = rename[f"p{i}{group_out}"]
+            binding[key] = out
+            algorithm_outputs.append(value_info(out, p_elem, list(params[n].shape)))
+    binding[T] = T_next
+    algorithm_outputs.append(value_info(T_next, onnx.TensorProto.INT64, []))
+    algorithm = helper.make_graph(
+        nodes, "training_step", [target_info], algorithm_outputs, initializer=inits
+    )
+
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    result.graph.initializer.extend(stored)
+    result.ir_version = max(result.ir_version, 7)
+    if not any(o.domain == DOMAIN for o in result.opset_import):
+        result.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+    result.training_info.append(
+        helper.make_training_info(algorithm, list(binding.items()), None, None)
+    )
+    return result

@@ -1,0 +1,234 @@
+"""``check``: what the ONNX checker does not validate about ``training_info``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_optax._src.graph import GRADIENT, GraphFunction
+from onnx_optax._src.onnx_graph import count_function
+from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
+from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.registry import OPERATORS
+from onnx_optax.training._combined import Entry
+from onnx_optax.training._model import (
+    abstract,
+    as_model,
+    declared,
+    mutable,
+    opsets,
+    read_initializers,
+)
+
+
+def _binding_problems(
+    where: str,
+    field: str,
+    entries: Sequence[Any],
+    initializers: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    graph_label: str,
+) -> list[str]:
+    problems = []
+    seen: set[str] = set()
+    for entry in entries:
+        label = f"{where}: {field}['{entry.key}'] = '{entry.value}'"
+        if entry.key in seen:
+            problems.append(f"{label}: '{entry.key}' is bound twice")
+        seen.add(entry.key)
+        if entry.key not in initializers:
+            problems.append(
+                f"{label}: '{entry.key}' is not an initializer of the model's graph, so there is "
+                "nothing to update"
+            )
+        if entry.value not in outputs:
+            problems.append(
+                f"{label}: '{entry.value}' is not an output of the {graph_label} graph (its "
+                f"outputs: {sorted(outputs)})"
+            )
+    return problems
+
+
+def _shape_problems(
+    where: str,
+    field: str,
+    binding: Mapping[str, str],
+    found: Mapping[str, Any],
+    initializers: Mapping[str, np.ndarray],
+) -> list[str]:
+    problems = []
+    for key, value in binding.items():
+        if key not in initializers or value not in found:
+            continue
+        want = abstract(initializers[key])
+        got = found[value]
+        if tuple(got.shape) != tuple(want.shape) or np.dtype(got.dtype) != np.dtype(want.dtype):
+            problems.append(
+                f"{where}: {field}['{key}'] = '{value}': the value is "
+                f"{np.dtype(got.dtype)}{list(got.shape)} but the initializer is "
+                f"{initializers[key].dtype}{list(initializers[key].shape)}"
+            )
+    return problems
+
+
+def _entry_problems(
+    model: onnx.ModelProto, index: int, initializers: Mapping[str, np.ndarray]
+) -> list[str]:
+    info = model.training_info[index]
+    where = f"training_info[{index}]"
+    problems: list[str] = []
+    init_graph = info.initialization
+    if len(init_graph.input):
+        problems.append(
+            f"{where}: the initialization graph has inputs {[i.name for i in init_graph.input]}; "
+            "it must have none"
+        )
+    problems += _binding_problems(
+        where,
+        "initialization_binding",
+        info.initialization_binding,
+        initializers,
+        [o.name for o in init_graph.output],
+        "initialization",
+    )
+    algorithm = info.algorithm
+    outputs = [o.name for o in algorithm.output]
+    problems += _binding_problems(
+        where, "update_binding", info.update_binding, initializers, outputs, "algorithm"
+    )
+    binding = {e.key: e.value for e in info.update_binding}
+    main = model.graph
+    sources = (
+        {i.name for i in main.input}
+        | set(initializers)
+        | {i.name for i in algorithm.input}
+        | {i.name for i in algorithm.initializer}
+    )
+    defined = sources | {n for node in (*main.node, *algorithm.node) for n in node.output}
+    for node in algorithm.node:
+        if node.domain == DOMAIN and node.op_type == GRADIENT:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            xs = [x.decode() for x in attrs.get("xs", [])]
+            y = attrs.get("y", b"").decode()
+            bad = [x for x in xs if x not in sources]
+            if bad:
+                problems.append(
+                    f"{where}: {describe(node)}: xs {bad} are not initializers or inputs"
+                )
+            if y not in defined:
+                problems.append(f"{where}: {describe(node)}: y '{y}' names no tensor of the graph")
+        elif node.domain == DOMAIN and node.op_type in OPERATORS:
+            problems += _optimizer_problems(where, node, binding, initializers, algorithm)
+    if problems:
+        return problems
+    state = {n: initializers[n] for n in mutable(model)}
+    try:
+        entry = Entry(model, index, state, initializers)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        return [f"{where}: {error}"]
+    specs = {}
+    for value in entry.feeds:
+        elem, dims = declared(value)
+        if elem == 0 or dims is None:
+            return problems
+        dtype = tensor_dtype(elem, f"input '{value.name}'")
+        shape = [d if isinstance(d, int) else 2 for d in dims]
+        specs[value.name] = jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype))
+    try:
+        values = jax.eval_shape(
+            lambda s, f: entry.function.apply({**f, **s}, entry.constants),
+            {n: abstract(v) for n, v in state.items()},
+            specs,
+        )
+    except (TypeError, ValueError) as error:
+        return [f"{where}: the algorithm does not run on its declared inputs: {error}"]
+    found = dict(zip(entry.outputs, values, strict=True))
+    problems += _shape_problems(where, "update_binding", binding, found, initializers)
+    if len(init_graph.node) or len(init_graph.output):
+        try:
+            init_fn = GraphFunction(init_graph, opsets=opsets(model))
+            shapes = jax.eval_shape(lambda: init_fn.apply({}))
+        except (TypeError, ValueError, NotImplementedError) as error:
+            return [*problems, f"{where}: the initialization graph does not run: {error}"]
+        init_binding = {e.key: e.value for e in info.initialization_binding}
+        found = dict(zip(init_fn.output_names, shapes, strict=True))
+        problems += _shape_problems(
+            where, "initialization_binding", init_binding, found, initializers
+        )
+    return problems
+
+
+def _optimizer_problems(
+    where: str,
+    proto: onnx.NodeProto,
+    binding: Mapping[str, str],
+    initializers: Mapping[str, np.ndarray],
+    algorithm: onnx.GraphProto,
+) -> list[str]:
+    try:
+        node = read_node(proto)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        return [f"{where}: {error}"]
+    problems = []
+    for group in ("X", *node.state_groups):
+        label = "new value" if group == "X" else f"new {group}"
+        for x, stored, produced in zip(
+            node.group("X"), node.group(group), node.output_group(group), strict=True
+        ):
+            if stored in initializers and binding.get(stored) != produced:
+                found = binding.get(stored)
+                problems.append(
+                    f"{where}: update_binding['{stored}'] should be '{produced}' (the "
+                    f"{node.description}'s {label} of '{x}'), but it is "
+                    + ("missing" if found is None else f"'{found}'")
+                )
+    T = node.inputs[1]
+    if T in initializers:
+        output = binding.get(T)
+        if output is None:
+            problems.append(
+                f"{where}: T ('{T}') of {node.description} is stored as an initializer but "
+                "update_binding does not update it: bind it to T + 1"
+            )
+        else:
+            T_now = int(np.asarray(initializers[T]))
+            try:
+                counter = count_function(algorithm, T, T_now, output)
+                ok = not counter.input_names and int(np.asarray(counter([])[0])) == T_now + 1
+            except (TypeError, ValueError, NotImplementedError):
+                ok = False
+            if not ok:
+                problems.append(
+                    f"{where}: update_binding['{T}'] = '{output}' is not T + 1 (T of "
+                    f"{node.description})"
+                )
+    return problems
+
+
+def check(model: Any) -> list[str]:
+    """What would stop ``model``'s ``training_info`` from running; ``[]`` when sound.
+
+    Checks what the ONNX checker does not: each binding's key is an
+    initializer bound once, its value an output of the matching graph with
+    the initializer's shape and dtype; initialization graphs have no inputs;
+    Gradient ``xs`` are initializers or inputs and ``y`` names a tensor; each
+    optimizer node's parameters and state stored as initializers are bound to
+    its outputs and a stored T to T + 1; the algorithm traces on its
+    declared inputs. Each message names the entry and the node or binding.
+    """
+    model = as_model(model)
+    if not model.training_info:
+        return ["the model has no training_info: there is no training algorithm"]
+    try:
+        initializers = read_initializers(model)
+    except (TypeError, ValueError) as error:
+        return [str(error)]
+    problems = []
+    for index in range(len(model.training_info)):
+        problems += _entry_problems(model, index, initializers)
+    return problems

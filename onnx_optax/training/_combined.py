@@ -1,0 +1,78 @@
+"""One ``training_info`` entry on the inference graph, as one jitted function."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_optax._src.graph import GraphFunction, to_jax
+from onnx_optax.training._model import opsets, value_info
+
+
+class Entry:
+    """One training_info entry as one jitted function of (state, feeds, constants)."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        index: int,
+        state: Mapping[str, np.ndarray],
+        initializers: Mapping[str, np.ndarray],
+    ) -> None:
+        info = model.training_info[index]
+        self.where = f"training_info[{index}]"
+        self.binding = {e.key: e.value for e in info.update_binding}
+        main = model.graph
+        inputs = [i for i in main.input if i.name not in initializers]
+        inputs += [
+            value_info(n, int(helper.np_dtype_to_tensor_dtype(v.dtype)), list(v.shape))
+            for n, v in state.items()
+        ]
+        inputs += list(info.algorithm.input)
+        constants = [i for i in main.initializer if i.name not in state]
+        graph = helper.make_graph(
+            [*main.node, *info.algorithm.node],
+            f"{main.name}+{info.algorithm.name}",
+            inputs,
+            list(info.algorithm.output),
+            initializer=[*constants, *info.algorithm.initializer],
+        )
+        self.function = GraphFunction(graph, opsets=opsets(model))
+        if self.function.static_inputs:
+            raise ValueError(
+                f"{self.where}: inputs {list(self.function.static_inputs)} are read as shapes; "
+                "a training step cannot take them as data"
+            )
+        used = _used(self.function.order)
+        self.feeds = [i for i in graph.input if i.name not in state and i.name in used]
+        self.outputs = [o.name for o in info.algorithm.output]
+        bound = set(self.binding.values())
+        self.reported = [n for n in self.outputs if n not in bound]
+        self.constants = {
+            n: to_jax(f"initializer '{n}'", v) for n, v in self.function.params.items()
+        }
+
+        def step(
+            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
+        ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+            values = dict(
+                zip(self.outputs, self.function.apply({**feeds, **state}, constants), strict=True)
+            )
+            new = {k: values[self.binding[k]] if k in self.binding else v for k, v in state.items()}
+            return {n: values[n] for n in self.reported}, new
+
+        self.step = step
+        self.jitted = jax.jit(step, donate_argnums=0)
+
+
+def _used(steps: Sequence[Any]) -> set[str]:
+    names: set[str] = set()
+    for step in steps:
+        names.update(step.inputs)
+        names.update(_used(getattr(step, "order", [])))
+    return names
