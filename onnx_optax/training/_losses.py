@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from onnx_optax.training._model import Names, declared, value_info
 
-LOSSES = ("softmax_cross_entropy", "log_loss", "nll", "mse")
+LOSSES = ("softmax_cross_entropy", "log_loss", "nll", "mse", "l1", "bce_with_logits")
 LOSS_OUTPUT = "loss"
 # Probabilities are clipped below at this value before the log of log_loss.
 LOG_LOSS_EPSILON = 1e-7
@@ -62,13 +62,9 @@ def loss_nodes(
             "(convert it with onnx.version_converter first)"
         )
     int64 = onnx.TensorProto.INT64
-    if loss == "mse":
-        diff, square = names("onnx_optax.loss/diff"), names("onnx_optax.loss/square")
-        nodes = [
-            helper.make_node("Sub", [prediction, target], [diff]),
-            helper.make_node("Mul", [diff, diff], [square]),
-            helper.make_node("ReduceMean", [square], [value], keepdims=0),
-        ]
+    if loss in _ELEMENTWISE:
+        nodes = _ELEMENTWISE[loss](prediction, target, names)
+        nodes.append(helper.make_node("ReduceMean", [nodes[-1].output[0]], [value], keepdims=0))
         return nodes, [], value_info(target, elem, shape), value
     target_info = value_info(target, int64, batch)
     if loss == "softmax_cross_entropy":
@@ -91,3 +87,43 @@ def loss_nodes(
         target_info,
         value,
     )
+
+
+# ---------------------------------------------------------------- elementwise losses
+# Each gives the nodes of the per-element loss of (prediction, target), both of
+# the output's shape; the last node's output is averaged over every element.
+
+
+def _mse(p: str, t: str, names: Names) -> list[onnx.NodeProto]:
+    diff, square = names("onnx_optax.loss/diff"), names("onnx_optax.loss/square")
+    return [
+        helper.make_node("Sub", [p, t], [diff]),
+        helper.make_node("Mul", [diff, diff], [square]),
+    ]
+
+
+def _l1(p: str, t: str, names: Names) -> list[onnx.NodeProto]:
+    diff, absolute = names("onnx_optax.loss/diff"), names("onnx_optax.loss/abs")
+    return [
+        helper.make_node("Sub", [p, t], [diff]),
+        helper.make_node("Abs", [diff], [absolute]),
+    ]
+
+
+def _bce_with_logits(x: str, t: str, names: Names) -> list[onnx.NodeProto]:
+    """max(x, 0) - x*t + log(1 + exp(-|x|)): no exp of a positive number, finite for any x."""
+    relu, xt, first = (names(f"onnx_optax.loss/{n}") for n in ("relu", "xt", "first"))
+    absolute, negative = names("onnx_optax.loss/abs"), names("onnx_optax.loss/neg_abs")
+    softplus, each = names("onnx_optax.loss/softplus"), names("onnx_optax.loss/bce")
+    return [
+        helper.make_node("Relu", [x], [relu]),
+        helper.make_node("Mul", [x, t], [xt]),
+        helper.make_node("Sub", [relu, xt], [first]),
+        helper.make_node("Abs", [x], [absolute]),
+        helper.make_node("Neg", [absolute], [negative]),
+        helper.make_node("Softplus", [negative], [softplus]),
+        helper.make_node("Add", [first, softplus], [each]),
+    ]
+
+
+_ELEMENTWISE = {"mse": _mse, "l1": _l1, "bce_with_logits": _bce_with_logits}
