@@ -16,6 +16,7 @@ from onnx_optax._src.onnx_tensors import read_tensor
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype, _learning_rate_value
+from onnx_optax.training._frozen import select
 from onnx_optax.training._losses import LOSS_OUTPUT, loss_nodes
 from onnx_optax.training._model import Names, declared, value_info
 
@@ -28,6 +29,7 @@ def attach(
     output: str | None = None,
     optimizer: Any,
     trainable: Sequence[str] | None = None,
+    frozen: Sequence[str] | None = None,
 ) -> onnx.ModelProto:
     """An inference model made trainable: its graph untouched, plus ``training_info``.
 
@@ -37,18 +39,37 @@ def attach(
     the new parameters, the optimizer state (stored as initializers, as the
     transformation's ``init`` makes it) and T back. Its loss output is ``loss``.
 
+    The step runs the inference graph as it is written. A BatchNormalization
+    node in inference mode (``training_mode=0``, the default; every node
+    before opset 14 without the statistics outputs) normalizes with its stored
+    running mean and variance in training too, as a frozen BN layer does: the
+    gradient flows through the normalization with those statistics held
+    constant, scale and bias train, and the running statistics, which no
+    binding writes, stay bit-identical.
+
     Args:
       model: the inference ``ModelProto`` (not modified).
       loss: ``"softmax_cross_entropy"`` (logits), ``"log_loss"``
         (probabilities, clipped below at 1e-7), ``"nll"`` (log-probabilities):
-        each with int64 class targets, one per row; ``"mse"`` (a target shaped
-        like the output, mean over every element); or a ``GraphProto`` with
-        inputs (prediction, target) and one scalar output.
+        each with int64 class targets, one per row, the mean over the rows;
+        with a float target shaped like the output, the mean over every
+        element (all rows and all output columns) of ``"mse"`` (p - t)**2,
+        ``"l1"`` |p - t| or ``"bce_with_logits"`` (p logits, t in [0, 1])
+        max(p, 0) - p*t + log(1 + exp(-|p|)), which is finite for any
+        logit; or a ``GraphProto`` with inputs (prediction, target) and one
+        scalar output.
       target: name of the new graph input holding the targets.
       output: the graph output the loss reads (default: the first).
       optimizer: a transformation built by onnx_optax (adagrad, adam,
         momentum, nesterov; not a chain) with a constant learning rate.
-      trainable: initializer names to train (default: every float initializer).
+      trainable: the initializers to train, exactly (default: every weight).
+        A weight is a float initializer that the inference graph reads as
+        data: integer ones, BatchNormalization's running mean and variance
+        and those read only as shapes (Reshape's shape, Slice's starts, axes,
+        ..., followed through Identity and Cast) are not, and naming one here
+        is an error. Those initializers stay as stored.
+      frozen: the weights not to train, every other one is (instead of
+        ``trainable``; not both).
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
@@ -82,13 +103,7 @@ def attach(
         raise ValueError(f"output {output!r} is not a float tensor; the loss reads a float output")
 
     values = {i.name: read_tensor(i, "graph initializer") for i in graph.initializer}
-    floats = [n for n, v in values.items() if np.issubdtype(v.dtype, np.floating)]
-    chosen = floats if trainable is None else list(trainable)
-    unknown = [n for n in chosen if n not in values]
-    if unknown:
-        raise ValueError(f"trainable {unknown} are not initializers of the model's graph")
-    if not chosen:
-        raise ValueError("nothing to train: the model has no float initializer")
+    chosen = select(graph, values, trainable, frozen)
     params = {n: values[n] for n in chosen}
     dtype = _common_dtype(list(params.values()))
     p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))

@@ -16,6 +16,7 @@ from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.registry import OPERATORS
 from onnx_optax.training._combined import Entry
+from onnx_optax.training._frozen import not_weights, trained_non_weights
 from onnx_optax.training._model import (
     abstract,
     as_model,
@@ -110,6 +111,7 @@ def _entry_problems(
         | {i.name for i in algorithm.initializer}
     )
     defined = sources | {n for node in (*main.node, *algorithm.node) for n in node.output}
+    excluded = not_weights(main, initializers)
     for node in algorithm.node:
         if node.domain == DOMAIN and node.op_type == GRADIENT:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -120,6 +122,7 @@ def _entry_problems(
                 problems.append(
                     f"{where}: {describe(node)}: xs {bad} are not initializers or inputs"
                 )
+            problems += trained_non_weights(where, node, xs, excluded)
             if y not in defined:
                 problems.append(f"{where}: {describe(node)}: y '{y}' names no tensor of the graph")
         elif node.domain == DOMAIN and node.op_type in OPERATORS:
@@ -216,7 +219,10 @@ def check(model: Any) -> list[str]:
     Checks what the ONNX checker does not: each binding's key is an
     initializer bound once, its value an output of the matching graph with
     the initializer's shape and dtype; initialization graphs have no inputs;
-    Gradient ``xs`` are initializers or inputs and ``y`` names a tensor; each
+    Gradient ``xs`` are initializers or inputs, none of them an initializer
+    that is not a weight (an integer one, BatchNormalization's running mean or
+    variance, one read only as a shape: see :func:`attach`), and ``y`` names
+    a tensor; each
     optimizer node's parameters and state stored as initializers are bound to
     its outputs and a stored T to T + 1; the algorithm traces on its
     declared inputs. Each message names the entry and the node or binding.
