@@ -135,6 +135,7 @@ def _attach(args: argparse.Namespace) -> int:
             output=args.output_name,
             optimizer=optimizer,
             trainable=args.trainable,
+            frozen=args.frozen,
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
@@ -306,9 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument(
         "--loss",
         default="softmax_cross_entropy",
-        choices=["softmax_cross_entropy", "log_loss", "nll", "mse"],
         help="softmax_cross_entropy (logits), log_loss (probabilities), nll "
-        "(log-probabilities): int64 class targets; mse: targets shaped like the output",
+        "(log-probabilities): int64 class targets; mse, l1, bce_with_logits (logits): targets "
+        "shaped like the output (default: softmax_cross_entropy)",
     )
     attach.add_argument(
         "--optimizer", default="adam", choices=["adagrad", "adam", "momentum", "nesterov"]
@@ -324,7 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--trainable",
         action="append",
         metavar="NAME",
-        help="an initializer to train (repeat; default: every float initializer)",
+        help="an initializer to train (repeat; default: every weight: float initializers "
+        "that are not BatchNormalization running statistics or read only as shapes)",
+    )
+    attach.add_argument(
+        "--frozen",
+        action="append",
+        metavar="NAME",
+        help="an initializer not to train (repeat; the complement of --trainable)",
     )
     attach.set_defaults(run=_attach)
 

@@ -256,6 +256,23 @@ def test_attach_check_train_and_resume(tmp_path: pathlib.Path) -> None:
     assert trained["T"] == 41  # resumed: 1 + 20 + 20
 
 
+def test_attach_frozen_and_loss_reach_attach(tmp_path: pathlib.Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    _inference_model(tmp_path / "in.onnx")
+    out = str(tmp_path / "t.onnx")
+    result = _run("attach", str(tmp_path / "in.onnx"), "--loss", "l1", "--frozen", "b", "-o", out)
+    assert result.returncode == 0, result.stderr
+    (gradient,) = [
+        n for n in onnx.load(out).training_info[0].algorithm.node if n.op_type == "Gradient"
+    ]
+    xs = next(a for a in gradient.attribute if a.name == "xs").strings
+    assert xs == [b"W"]  # b frozen
+    result = _run("attach", str(tmp_path / "in.onnx"), "--loss", "hinge", "-o", out)
+    assert result.returncode == 2 and "unknown loss 'hinge'" in result.stderr
+    result = _run("attach", str(tmp_path / "in.onnx"), "--frozen", "nope", "-o", out)
+    assert result.returncode == 2 and "nope" in result.stderr
+
+
 def test_check_reports_problems_with_exit_1(tmp_path: pathlib.Path) -> None:
     onnx = pytest.importorskip("onnx")
     import onnx_optax
