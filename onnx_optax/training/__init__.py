@@ -3,6 +3,10 @@
 * :func:`attach`: an inference model plus a loss and an onnx_optax optimizer
   as a complete training model (loss, ``Gradient``, optimizer node, ``T + 1``
   and every binding in ``training_info``; the inference graph untouched).
+* :mod:`~onnx_optax.training.schedules`: optax's learning-rate schedules
+  that write themselves as ONNX ops computing R from T, so a trained model
+  carries its recipe (``attach(..., clip_global_norm=)`` does the same for
+  gradient clipping).
 * :func:`check`: everything the ONNX checker does not validate about
   ``training_info`` (bindings, Gradient, optimizer state, T), as messages.
 * :class:`Session`: runs the initialization graphs and then algorithm steps,
@@ -46,10 +50,11 @@ try:
 except ImportError as _error:
     raise missing_extra("onnx_optax.training", "onnx", _error) from _error
 
+from onnx_optax.training import schedules
 from onnx_optax.training._attach import attach
 from onnx_optax.training._check import check
 from onnx_optax.training._losses import LOSSES
 from onnx_optax.training._model import TrainingModelError, load
 from onnx_optax.training._session import Session
 
-__all__ = ["LOSSES", "Session", "TrainingModelError", "attach", "check", "load"]
+__all__ = ["LOSSES", "Session", "TrainingModelError", "attach", "check", "load", "schedules"]
