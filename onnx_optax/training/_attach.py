@@ -15,10 +15,12 @@ from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
 from onnx_optax._src.onnx_tensors import read_tensor
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
-from onnx_optax.interop import _attribute_values, _common_dtype, _learning_rate_value
+from onnx_optax.interop import _attribute_values, _common_dtype
+from onnx_optax.training._clipping import clip_by_global_norm_nodes
 from onnx_optax.training._frozen import select
 from onnx_optax.training._losses import LOSS_OUTPUT, loss_nodes
 from onnx_optax.training._model import Names, declared, value_info
+from onnx_optax.training.schedules import learning_rate_nodes
 
 
 def attach(
@@ -30,6 +32,7 @@ def attach(
     optimizer: Any,
     trainable: Sequence[str] | None = None,
     frozen: Sequence[str] | None = None,
+    clip_global_norm: float | None = None,
 ) -> onnx.ModelProto:
     """An inference model made trainable: its graph untouched, plus ``training_info``.
 
@@ -61,7 +64,9 @@ def attach(
       target: name of the new graph input holding the targets.
       output: the graph output the loss reads (default: the first).
       optimizer: a transformation built by onnx_optax (adagrad, adam,
-        momentum, nesterov; not a chain) with a constant learning rate.
+        momentum, nesterov; not a chain) whose learning rate is a number or a
+        schedule of :mod:`onnx_optax.training.schedules`, written as ops
+        computing R from the stored T (the count the transformation passes).
       trainable: the initializers to train, exactly (default: every weight).
         A weight is a float initializer that the inference graph reads as
         data: integer ones, BatchNormalization's running mean and variance
@@ -70,6 +75,11 @@ def attach(
         is an error. Those initializers stay as stored.
       frozen: the weights not to train, every other one is (instead of
         ``trainable``; not both).
+      clip_global_norm: clip the gradients to this global norm before the
+        optimizer, as ``optax.clip_by_global_norm`` (a number > 0; None: no
+        clipping): with ``norm = sqrt(sum of all squared gradient elements)``,
+        each gradient ``g`` becomes ``g / norm * clip_global_norm`` when
+        ``norm >= clip_global_norm``.
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
@@ -118,6 +128,8 @@ def attach(
             GRADIENT, chosen, grads, domain=DOMAIN, xs=chosen, y=value, name="gradient"
         )
     )
+    clipping, grads = clip_by_global_norm_nodes(grads, clip_global_norm, names, dtype)
+    nodes += clipping
     # The node with placeholder names, renamed to fresh ones.
     placeholders = [f"p{i}" for i in range(len(chosen))]
     node = make_node(
@@ -136,7 +148,8 @@ def attach(
             rename[f"{p}.{field}.new"] = names(f"{n}.{field}.new")
     node.input[:] = [rename[n] for n in node.input]
     node.output[:] = [rename[n] for n in node.output]
-    nodes.append(node)
+    rate_nodes, rate_inits = learning_rate_nodes(optimizer.learning_rate, T, R, names, dtype)
+    nodes += [*rate_nodes, node]
     one, T_next = names("T.one"), names("T.next")
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
 
@@ -152,11 +165,7 @@ def attach(
                     np.asarray(tree[n], dtype), rename[f"p{chosen.index(n)}.{field}"]
                 )
             )
-    learning_rate = _learning_rate_value(optimizer, None)
-    inits += [
-        numpy_helper.from_array(np.asarray(learning_rate, dtype), R),
-        numpy_helper.from_array(np.asarray(1, np.int64), one),
-    ]
+    inits += [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
     binding = {}
     algorithm_outputs = [value_info(LOSS_OUTPUT, elem, [])]
     for group_in, group_out in [("", ".new")] + [(f".{f}", f".{f}.new") for f in operator.fields]:
