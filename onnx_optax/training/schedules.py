@@ -19,6 +19,15 @@ Example:
   [0.001, 0.0005, 0.0, 0.0]
   >>> schedule
   cosine_decay_schedule(init_value=0.001, decay_steps=1000, alpha=0.0, exponent=1.0)
+
+  The same formula as ONNX nodes, from the int64 tensor T to the float tensor R
+  (``names`` makes fresh tensor names; attach passes the model's):
+
+  >>> fresh = iter(range(100))
+  >>> nodes = schedules.linear_schedule(1.0, 0.0, transition_steps=10).onnx_nodes(
+  ...     "T", "R", names=lambda base: f"{base}_{next(fresh)}")
+  >>> [node.op_type for node in nodes if node.op_type != "Constant"]
+  ['Cast', 'Sub', 'Max', 'Min', 'Div', 'Sub', 'Mul', 'Add', 'Cast']
 """
 
 from __future__ import annotations
@@ -36,6 +45,16 @@ from onnx import helper, numpy_helper
 
 from onnx_optax._src import checks
 from onnx_optax._src.checks import INT32_MAX
+
+__all__ = [
+    "SCHEDULES",
+    "Schedule",
+    "constant_schedule",
+    "cosine_decay_schedule",
+    "exponential_decay",
+    "linear_schedule",
+    "warmup_cosine_decay_schedule",
+]
 
 SCHEDULES = (
     "constant_schedule",
@@ -81,14 +100,12 @@ class _Onnx:
         return self.node("Constant", value=numpy_helper.from_array(np.asarray(value, np.float32)))
 
     add, sub, mul, div = _op("Add"), _op("Sub"), _op("Mul"), _op("Div")
-    minimum, maximum, pow = _op("Min"), _op("Max"), _op("Pow")
-    cos, floor, greater, less, where = (
-        _op("Cos"),
-        _op("Floor"),
-        _op("Greater"),
-        _op("Less"),
-        _op("Where"),
-    )
+    minimum, maximum, pow, cos = _op("Min"), _op("Max"), _op("Pow"), _op("Cos")
+    floor, greater, less, where = _op("Floor"), _op("Greater"), _op("Less"), _op("Where")
+
+
+# The formulas keep optax's order of operations and its float64 folding of
+# constants (``init - end``, ``1 - alpha``), so that they round as optax's do.
 
 
 def _linear(o: Any, t: Any, init: float, end: float, steps: int, begin: int) -> Any:
@@ -267,6 +284,9 @@ def constant_schedule(value: float) -> Schedule:
 
     Args:
       value: a finite number.
+
+    Returns:
+      The :class:`Schedule`.
     """
     return _Constant(_real("constant_schedule", "value", value))
 
@@ -284,6 +304,9 @@ def linear_schedule(
       end_value: E, a finite number.
       transition_steps: S, the length of the transition, an integer >= 1.
       transition_begin: B, the count at which it starts, an integer >= 0.
+
+    Returns:
+      The :class:`Schedule`.
     """
     where = "linear_schedule"
     return _Linear(
@@ -315,6 +338,9 @@ def exponential_decay(
       transition_begin: B, the count at which the decay starts, an integer >= 0.
       staircase: decay in whole steps of S counts.
       end_value: None or a finite number: where the decay stops.
+
+    Returns:
+      The :class:`Schedule`.
     """
     where = "exponential_decay"
     if not isinstance(staircase, bool | np.bool_):
@@ -342,6 +368,9 @@ def cosine_decay_schedule(
       decay_steps: D, an integer >= 1.
       alpha: the final multiplier of I, a finite number.
       exponent: the power of c, a finite number > 0.
+
+    Returns:
+      The :class:`Schedule`.
     """
     where = "cosine_decay_schedule"
     return _Cosine(
@@ -374,6 +403,9 @@ def warmup_cosine_decay_schedule(
       decay_steps: D, the length of the whole schedule, an integer > W.
       end_value: the value from count D on, a finite number.
       exponent: the power of the cosine term, a finite number > 0.
+
+    Returns:
+      The :class:`Schedule`.
     """
     where = "warmup_cosine_decay_schedule"
     warmup = _steps(where, "warmup_steps", warmup_steps, 0)
