@@ -304,6 +304,26 @@ def test_session_with_a_schedule_equals_the_transformation_by_hand(
         np.testing.assert_allclose(trained[n], expected[n], rtol=1e-5, atol=1e-6)
 
 
+def test_a_saved_model_resumes_its_schedule_where_it_stopped() -> None:
+    """T is stored, so R continues from the saved count: 10 + 10 steps equal 20."""
+    tx = onnx_optax.adam(schedules.warmup_cosine_decay_schedule(0.0, 0.1, 5, 25))
+    model = onnx_optax.training.attach(
+        _linear_model(), loss="mse", target="t", optimizer=tx, clip_global_norm=2.0
+    )
+    batches = _batches(20)
+    whole = onnx_optax.training.Session(model)
+    first = onnx_optax.training.Session(model)
+    for batch in batches:
+        whole.step(batch)
+    for batch in batches[:10]:
+        first.step(batch)
+    second = onnx_optax.training.Session(first.to_model())
+    for batch in batches[10:]:
+        second.step(batch)
+    for name, value in whole.initializers.items():
+        np.testing.assert_array_equal(second.initializers[name], value)
+
+
 @pytest.mark.parametrize("max_norm", [2.0, 1e3])
 def test_clip_global_norm_equals_optax_chain(max_norm: float) -> None:
     model = _linear_model()
