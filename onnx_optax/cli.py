@@ -136,6 +136,7 @@ def _attach(args: argparse.Namespace) -> int:
             optimizer=optimizer,
             trainable=args.trainable,
             frozen=args.frozen,
+            clip_global_norm=args.clip_global_norm,
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
@@ -327,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="an initializer to train (repeat; default: every weight: float initializers "
         "that are not BatchNormalization running statistics or read only as shapes)",
+    )
+    attach.add_argument(
+        "--clip-global-norm",
+        type=float,
+        metavar="C",
+        help="clip the gradients to global norm C, as optax.clip_by_global_norm (default: none)",
     )
     attach.add_argument(
         "--frozen",

@@ -271,6 +271,12 @@ def test_attach_frozen_and_loss_reach_attach(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 2 and "unknown loss 'hinge'" in result.stderr
     result = _run("attach", str(tmp_path / "in.onnx"), "--frozen", "nope", "-o", out)
     assert result.returncode == 2 and "nope" in result.stderr
+    result = _run("attach", str(tmp_path / "in.onnx"), "--clip-global-norm", "0.5", "-o", out)
+    assert result.returncode == 0, result.stderr
+    ops = [n.op_type for n in onnx.load(out).training_info[0].algorithm.node]
+    assert "Sqrt" in ops and "Where" in ops  # the global norm and the clipped gradients
+    result = _run("attach", str(tmp_path / "in.onnx"), "--clip-global-norm", "-1", "-o", out)
+    assert result.returncode == 2 and "clip_global_norm" in result.stderr
 
 
 def test_check_reports_problems_with_exit_1(tmp_path: pathlib.Path) -> None:
