@@ -8,7 +8,11 @@ computation of forward, ``Gradient``, the Adam node and T + 1 with the state
 donated, and the loss brought back to the host. The reference is the same
 network written in jax.numpy, ``jax.value_and_grad`` + ``onnx_optax.adam`` +
 ``optax.apply_updates`` in one ``jax.jit`` with params and state donated, its
-loss brought back to the host too. Both take the same host (numpy) batches.
+loss brought back to the host too. Both take the same host (numpy) batches. A
+second MLP row carries a training recipe: Adam on a warmup-cosine schedule after
+global-norm clipping, written into the model by ``attach`` (R computed from T,
+the gradients clipped, all as ONNX ops) against optax's ``clip_by_global_norm``
+chained with the same schedule by hand.
 Medians over rounds in which the versions take turns, after a warm-up. Run::
 
     .venv/bin/python benchmarks/training_step.py [--rounds 20] [--repeat 10]
@@ -67,13 +71,26 @@ def _median_times(fns: dict[str, Callable[[], Any]], rounds: int, repeat: int) -
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def bench(net: dict[str, Any], rounds: int, repeat: int) -> dict[str, float]:
+def bench(net: dict[str, Any], rounds: int, repeat: int, recipe: bool) -> dict[str, float]:
+    """Medians of a step of both versions: Adam 1e-3, or with ``recipe`` Adam on a
+    warmup-cosine schedule after global-norm clipping (in the model: ONNX ops
+    computing R from T and clipping the gradients; by hand: the same schedule
+    and ``optax.clip_by_global_norm`` chained before the optimizer)."""
     x = net["inputs"]["X"]
     labels = net["inputs"]["labels"]
-    tx = onnx_optax.adam(1e-3)
-    session = training.Session(
-        training.attach(inference_model(net), loss="softmax_cross_entropy", optimizer=tx)
+    if recipe:
+        schedule = training.schedules.warmup_cosine_decay_schedule(0.0, 1e-3, 100, 10_000)
+        tx = onnx_optax.adam(schedule)
+        clip: float | None = 1.0
+        by_hand_tx = optax.chain(optax.clip_by_global_norm(1.0), tx)
+    else:
+        tx, clip = onnx_optax.adam(1e-3), None
+        by_hand_tx = tx
+    attached_model = training.attach(
+        inference_model(net), loss="softmax_cross_entropy", optimizer=tx, clip_global_norm=clip
     )
+    session = training.Session(attached_model)
+    tx = by_hand_tx
 
     @jax.jit
     def _step(params: Any, state: Any, x: jax.Array, labels: jax.Array) -> Any:
@@ -116,14 +133,17 @@ def main() -> None:
         f"JAX {jax.__version__} on {jax.devices()[0].device_kind}; medians of {args.rounds} rounds"
     )
     print(
-        "| network (Adam) | JAX + onnx_optax by hand | attached ONNX model, Session.step | ratio |"
+        "| network | optimizer | JAX + onnx_optax by hand | attached ONNX model, Session.step "
+        "| ratio |"
     )
-    print("|---|---|---|---|")
-    for net in (graph_step.mlp(), graph_step.cnn()):
-        t = bench(net, args.rounds, args.repeat)
+    print("|---|---|---|---|---|")
+    mlp, cnn = graph_step.mlp(), graph_step.cnn()
+    for net, recipe in ((mlp, False), (mlp, True), (cnn, False)):
+        t = bench(net, args.rounds, args.repeat, recipe)
+        optimizer = "Adam, warmup-cosine R, clipped to norm 1" if recipe else "Adam 1e-3"
         print(
-            f"| {net['name']} | {t['hand'] * 1e3:.2f} ms | {t['attached'] * 1e3:.2f} ms | "
-            f"{t['attached'] / t['hand']:.2f}x |"
+            f"| {net['name']} | {optimizer} | {t['hand'] * 1e3:.2f} ms | "
+            f"{t['attached'] * 1e3:.2f} ms | {t['attached'] / t['hand']:.2f}x |"
         )
 
 
