@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -68,12 +69,27 @@ def serialized_bytes(model: onnx.ModelProto) -> int:
     return size
 
 
+def _bytes(source: bytes | Callable[[], np.ndarray]) -> bytes | memoryview:
+    """A tensor's raw_data: kept bytes, or an array fetched now (little-endian, as ONNX stores)."""
+    if isinstance(source, bytes):
+        return source
+    array = np.asarray(source())
+    return (
+        np.ascontiguousarray(array, array.dtype.newbyteorder("<")).reshape(-1).view(np.uint8).data
+    )
+
+
 def save_model(
-    model: onnx.ModelProto, path: str | os.PathLike[str], external_data: bool | None
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    external_data: bool | None,
+    arrays: Mapping[str, Callable[[], np.ndarray]],
 ) -> None:
     """Writes ``model`` (consumed: its tensors are changed) to ``path``.
 
-    With ``external_data`` (None: when the model would exceed protobuf's 2 GiB),
+    ``arrays`` gives the values of the main graph's initializers that hold no
+    data in ``model``, each fetched only when it is written. With
+    ``external_data`` (None: when the model would exceed protobuf's 2 GiB),
     every tensor of at least ``EXTERNAL_THRESHOLD`` bytes is written to
     ``<file name>.data`` in the same folder, at offsets the ``.onnx`` file records.
     """
@@ -81,21 +97,29 @@ def save_model(
     if not path.parent.is_dir():
         raise ValueError(f"cannot save to {str(path)!r}: the folder does not exist")
     location = f"{path.name}.data"
-    outside: list[tuple[onnx.TensorProto, bytes]] = []
+    outside: list[tuple[onnx.TensorProto, bytes | Callable[[], np.ndarray]]] = []
+
+    def move_out(tensor: onnx.TensorProto, source: bytes | Callable[[], np.ndarray]) -> None:
+        outside.append((tensor, source))
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+        tensor.external_data.add(key="length", value=str(_byte_length(tensor)))
+
+    for tensor in model.graph.initializer:
+        if tensor.name in arrays:
+            if (_byte_length(tensor) or 0) >= EXTERNAL_THRESHOLD:
+                move_out(tensor, arrays[tensor.name])
+            else:
+                tensor.CopyFrom(numpy_helper.from_array(arrays[tensor.name](), tensor.name))
     for tensor in _tensors(model):
         length = _byte_length(tensor)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL or not length:
-            continue
-        if length < EXTERNAL_THRESHOLD:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or (length or 0) < EXTERNAL_THRESHOLD:
             continue
         if not tensor.HasField("raw_data"):
             array = read_tensor(tensor, "model tensor")
             tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
-        outside.append((tensor, tensor.raw_data))
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        tensor.external_data.add(key="location", value=location)
-        tensor.external_data.add(key="length", value=str(length))
+        move_out(tensor, tensor.raw_data)
     size = serialized_bytes(model)
     if external_data is None:
         external_data = size > PROTOBUF_LIMIT
@@ -105,17 +129,16 @@ def save_model(
                 f"the model takes {size} bytes, more than protobuf's limit of {PROTOBUF_LIMIT}; "
                 "save it with external_data=True (or None, the default)"
             )
-        for tensor, data in outside:
+        for tensor, source in outside:
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = data
+            tensor.raw_data = bytes(_bytes(source))
     else:
         offset = 0
         with (path.parent / location).open("wb") as file:
-            for tensor, data in outside:
+            for tensor, source in outside:
                 tensor.external_data.add(key="offset", value=str(offset))
-                file.write(data)
-                offset += len(data)
+                offset += file.write(_bytes(source))
     path.write_bytes(model.SerializeToString())
 
 

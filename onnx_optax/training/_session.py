@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -69,23 +70,31 @@ class Session:
             mesh = Mesh(np.array(devices), ("batch",))
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._split = NamedSharding(mesh, PartitionSpec("batch"))
-        model = as_model(model)
-        problems = check(model)
+        loaded = as_model(model)
+        problems = check(loaded)
         if problems:
             raise TrainingModelError(problems)
-        self._model = model
-        initializers = read_initializers(model)
-        names = mutable(model)
+        initializers = read_initializers(loaded)
+        names = mutable(loaded)
         self._dtypes = {n: initializers[n].dtype for n in names}
         self._order = list(initializers)
         self._fixed = {n: v for n, v in initializers.items() if n not in self._dtypes}
-        self._state = self._put(
-            {n: to_jax(f"initializer '{n}'", initializers[n]) for n in names}, split=False
-        )
         self._entries = [
-            Entry(model, index, {n: initializers[n] for n in names}, initializers)
-            for index in range(len(model.training_info))
+            Entry(loaded, index, {n: initializers[n] for n in names}, initializers)
+            for index in range(len(loaded.training_info))
         ]
+        # The model without the bound initializers' data (the state holds it).
+        if loaded is model:
+            loaded = onnx.ModelProto()
+            loaded.CopyFrom(model)
+        for init in loaded.graph.initializer:
+            if init.name in self._dtypes:
+                init.CopyFrom(
+                    onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+                )
+        self._model = loaded
+        state = {n: to_jax(f"initializer '{n}'", initializers.pop(n)) for n in names}
+        self._state = self._put(state, split=False)
         self._constants = [self._put(e.constants, split=False) for e in self._entries]
         shard: dict[str, Any] = (
             {} if self._replicated is None else {"out_shardings": self._replicated}
@@ -105,16 +114,17 @@ class Session:
         """The names a step feeds: every entry's algorithm inputs and the graph inputs it reads."""
         return list(dict.fromkeys(v.name for entry in self._entries for v in entry.feeds))
 
+    def _current(self, name: str) -> np.ndarray:
+        """The current value of the bound initializer ``name``, in its stored dtype."""
+        return np.asarray(self._state[name]).astype(self._dtypes[name], copy=False)
+
     @property
     def initializers(self) -> dict[str, np.ndarray]:
         """The current value of every initializer of the model's graph, by name.
 
         Those a binding updates change with each step; the others are as stored.
         """
-        current = {
-            n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
-        }
-        return {n: current[n] if n in current else self._fixed[n] for n in self._order}
+        return {n: self._current(n) if n in self._state else self._fixed[n] for n in self._order}
 
     def initialize(self) -> None:
         """Runs each entry's initialization graph and applies its ``initialization_binding``."""
@@ -206,12 +216,9 @@ class Session:
         """The model with the same graphs and every bound initializer's current value."""
         model = onnx.ModelProto()
         model.CopyFrom(self._model)
-        current = {
-            n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
-        }
         for init in model.graph.initializer:
-            if init.name in current:
-                init.CopyFrom(numpy_helper.from_array(current[init.name], init.name))
+            if init.name in self._state:
+                init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))
         return model
 
     def to_inference_model(self) -> onnx.ModelProto:
@@ -235,4 +242,7 @@ class Session:
             default) does so when the model would exceed protobuf's 2 GiB
             limit; False refuses such a model with a ValueError.
         """
-        save_model(self.to_model(), path, external_data)
+        model = onnx.ModelProto()
+        model.CopyFrom(self._model)  # the bound initializers hold no data there
+        arrays = {n: functools.partial(self._current, n) for n in self._state}
+        save_model(model, path, external_data, arrays)
