@@ -159,6 +159,31 @@ def test_inference_model_keeps_what_the_inference_graph_reads() -> None:
     onnx.checker.check_model(inference, full_check=True)
 
 
+def test_strip_training_drops_functions_and_domains_only_training_used() -> None:
+    def function(name: str, domain: str) -> onnx.FunctionProto:
+        return helper.make_function(
+            domain,
+            name,
+            ["a"],
+            ["b"],
+            [helper.make_node("Neg", ["a"], ["b"])],
+            [helper.make_opsetid("", 18)],
+        )
+
+    model = training.attach(mlp(), optimizer=onnx_optax.adam(0.01))
+    model.graph.node.append(helper.make_node("Twice", ["logits"], ["twice"], domain="mine"))
+    model.functions.extend([function("Twice", "mine"), function("Half", "theirs")])
+    model.training_info[0].algorithm.node.append(
+        helper.make_node("Half", ["loss"], ["half"], domain="theirs")
+    )
+    model.opset_import.extend([helper.make_opsetid("mine", 1), helper.make_opsetid("theirs", 1)])
+    _export.strip_training(model)
+    assert [f.name for f in model.functions] == ["Twice"]
+    assert [o.domain for o in model.opset_import] == ["", "mine"]
+    assert [i.name for i in model.graph.initializer] == list(PARAMS)
+    assert len(model.training_info) == 0
+
+
 # ----------------------------------------------------------------------------- save and load
 
 
@@ -254,7 +279,7 @@ def test_devices_must_be_a_list_of_jax_devices() -> None:
     model = trainable()
     for bad in ["cpu", [0], jax.devices()[0], [jax.devices()[0], "gpu"]]:
         with pytest.raises(TypeError, match=r"devices must be a list of JAX devices"):
-            training.Session(model, devices=bad)  # type: ignore[arg-type]
+            training.Session(model, devices=bad)
     for bad in [[], [jax.devices()[0]] * 2]:
         with pytest.raises(ValueError, match=r"devices must list at least one device, each once"):
             training.Session(model, devices=bad)
@@ -280,7 +305,11 @@ with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
             assert error <= 1e-6, (name, error)
         else:
             np.testing.assert_array_equal(other, value)
-    assert len(many._state["W1"].sharding.device_set) == 8  # replicated on all eight
+    # Internals, looked at once: the state replicated on all eight, a batch split over them.
+    assert many._state["W1"].sharding.is_fully_replicated
+    assert len(many._state["W1"].sharding.device_set) == 8
+    x = many._feeds(many._entries[0], data(0), {})["x"]
+    assert x.sharding.shard_shape(x.shape) == (2, 16), x.sharding
     np.testing.assert_allclose(
         many.evaluate(data(30))["loss"], one.evaluate(data(30))["loss"], rtol=1e-6
     )
