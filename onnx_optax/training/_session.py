@@ -212,14 +212,23 @@ class Session:
         values = function({n: inputs[n] for n in function.input_names if n in inputs})
         return dict(zip(function.output_names, values, strict=True))
 
-    def to_model(self) -> onnx.ModelProto:
-        """The model with the same graphs and every bound initializer's current value."""
+    def _with_state(self, strip: bool) -> onnx.ModelProto:
         model = onnx.ModelProto()
-        model.CopyFrom(self._model)
+        model.CopyFrom(self._model)  # the bound initializers hold no data there
+        if strip:
+            strip_training(model)
         for init in model.graph.initializer:
             if init.name in self._state:
                 init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))
         return model
+
+    def to_model(self) -> onnx.ModelProto:
+        """The model with the same graphs and every bound initializer's current value.
+
+        protobuf cannot serialize a model above 2 GiB: :meth:`save` writes one
+        with external data.
+        """
+        return self._with_state(strip=False)
 
     def to_inference_model(self) -> onnx.ModelProto:
         """The inference graph with the current weights, and nothing of the training.
@@ -228,9 +237,7 @@ class Session:
         opset import only the training used; the weights are bit-identical to
         :attr:`initializers`.
         """
-        model = self.to_model()
-        strip_training(model)
-        return model
+        return self._with_state(strip=True)
 
     def save(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
         """Writes :meth:`to_model` to ``path``; ``Session(path)`` resumes bit-identically.
