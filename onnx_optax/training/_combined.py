@@ -11,11 +11,12 @@ import onnx
 from onnx import helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
-from onnx_optax.training._model import opsets, value_info
+from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax.training._model import declared, opsets, value_info
 
 
 class Entry:
-    """One training_info entry as one jitted function of (state, feeds, constants)."""
+    """One training_info entry as one function of (state, feeds, constants), for jit."""
 
     def __init__(
         self,
@@ -66,8 +67,48 @@ class Entry:
             new = {k: values[self.binding[k]] if k in self.binding else v for k, v in state.items()}
             return {n: values[n] for n in self.reported}, new
 
+        def evaluate(
+            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
+        ) -> dict[str, jax.Array]:
+            return step(state, feeds, constants)[0]
+
         self.step = step
-        self.jitted = jax.jit(step, donate_argnums=0)
+        self.evaluate = evaluate  # the unbound outputs alone: XLA drops the update
+
+    def check_feeds(self, inputs: Mapping[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
+        """The feeds of a step, checked: names, dtypes, declared shapes (``dims`` binds names)."""
+        feeds = {}
+        for value in self.feeds:
+            name = value.name
+            if name not in inputs:
+                raise ValueError(
+                    f"{self.where}: missing feed '{name}'; the step takes "
+                    f"{[v.name for v in self.feeds]}"
+                )
+            array = inputs[name]
+            array = array if isinstance(array, jax.Array) else np.asarray(array)
+            elem, shape = declared(value)
+            if elem:
+                want = tensor_dtype(elem, f"input '{name}'")
+                if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
+                    raise TypeError(
+                        f"{self.where}: feed '{name}' has dtype {array.dtype}; the graph "
+                        f"declares {want}"
+                    )
+            if shape is not None:
+                ok = len(shape) == array.ndim
+                for d, n in zip(shape, array.shape, strict=False):
+                    if isinstance(d, int):
+                        ok = ok and d == n
+                    elif d is not None:
+                        ok = ok and dims.setdefault(d, n) == n
+                if not ok:
+                    raise ValueError(
+                        f"{self.where}: feed '{name}' has shape {list(array.shape)}; the graph "
+                        f"declares {shape}" + (f" with {dims}" if dims else "")
+                    )
+            feeds[name] = to_jax(f"feed '{name}'", array)
+        return feeds
 
 
 def _used(steps: Sequence[Any]) -> set[str]:

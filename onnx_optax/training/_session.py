@@ -1,24 +1,26 @@
-"""``Session``: runs a model's ``training_info`` on XLA."""
+"""``Session``: runs a model's ``training_info`` on XLA, on one device or split over several."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 import onnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
-from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry
+from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
     as_model,
-    declared,
     mutable,
     opsets,
     read_initializers,
@@ -31,30 +33,90 @@ class Session:
     Each entry compiles once (per feed signature) into one jitted function
     whose state (the bound initializers) is donated. Construction runs
     :func:`check` and raises :class:`TrainingModelError` listing the problems.
+
+    Args:
+      model: an ``onnx.ModelProto`` or the path of a model file; a file's
+        external data is read from inside its folder only (see :func:`load`).
+      devices: None (JAX's default device) or a list of JAX devices, such as
+        ``jax.devices()``. Each feed of rank 1 or more is then split along its
+        first axis (the batch) over the devices, and the parameters, optimizer
+        state and T are replicated on each; XLA's collectives sum what the
+        devices computed, so the numbers are those of one device up to the
+        order of summation. A batch must be a multiple of ``len(devices)``.
+
+    Several hosts are JAX's own business: call ``jax.distributed.initialize()``
+    in every process first, pass ``jax.devices()`` (the devices of all
+    processes), and call :meth:`step` in every process with the same
+    arguments, each feed a global ``jax.Array`` built by
+    ``jax.make_array_from_process_local_data`` from that process's rows (a
+    ``NamedSharding`` over the same devices splitting axis 0). This is how JAX
+    runs any jitted function on several hosts; it is not tested here.
     """
 
-    def __init__(self, model: Any) -> None:
-        model = as_model(model)
-        problems = check(model)
+    def __init__(self, model: Any, *, devices: Sequence[jax.Device] | None = None) -> None:
+        self._replicated: NamedSharding | None = None
+        self._split: NamedSharding | None = None
+        if devices is not None:
+            if not isinstance(devices, list | tuple) or not all(
+                isinstance(d, jax.Device) for d in devices
+            ):
+                raise TypeError(
+                    f"devices must be a list of JAX devices, such as jax.devices(); got {devices!r}"
+                )
+            if len(set(devices)) != len(devices) or not devices:
+                raise ValueError(
+                    f"devices must list at least one device, each once; got {list(devices)}"
+                )
+            mesh = Mesh(np.array(devices), ("batch",))
+            self._replicated = NamedSharding(mesh, PartitionSpec())
+            self._split = NamedSharding(mesh, PartitionSpec("batch"))
+        loaded = as_model(model)
+        problems = check(loaded)
         if problems:
             raise TrainingModelError(problems)
-        self._model = model
-        initializers = read_initializers(model)
-        names = mutable(model)
+        initializers = read_initializers(loaded)
+        names = mutable(loaded)
         self._dtypes = {n: initializers[n].dtype for n in names}
         self._order = list(initializers)
         self._fixed = {n: v for n, v in initializers.items() if n not in self._dtypes}
-        self._state = {n: to_jax(f"initializer '{n}'", initializers[n]) for n in names}
         self._entries = [
-            Entry(model, index, {n: initializers[n] for n in names}, initializers)
-            for index in range(len(model.training_info))
+            Entry(loaded, index, {n: initializers[n] for n in names}, initializers)
+            for index in range(len(loaded.training_info))
         ]
+        # The model without the bound initializers' data (the state holds it).
+        if loaded is model:
+            loaded = onnx.ModelProto()
+            loaded.CopyFrom(model)
+        for init in loaded.graph.initializer:
+            if init.name in self._dtypes:
+                init.CopyFrom(
+                    onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+                )
+        self._model = loaded
+        state = {n: to_jax(f"initializer '{n}'", initializers.pop(n)) for n in names}
+        self._state = self._put(state, split=False)
+        self._constants = [self._put(e.constants, split=False) for e in self._entries]
+        shard: dict[str, Any] = (
+            {} if self._replicated is None else {"out_shardings": self._replicated}
+        )
+        self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
+        self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
         self._checked: set[Any] = set()
+
+    def _put(self, values: Any, *, split: bool) -> Any:
+        """``values`` on the session's devices: split along axis 0, or replicated."""
+        if self._replicated is None:
+            return values
+        return jax.device_put(values, self._split if split else self._replicated)
 
     @property
     def inputs(self) -> list[str]:
         """The names a step feeds: every entry's algorithm inputs and the graph inputs it reads."""
         return list(dict.fromkeys(v.name for entry in self._entries for v in entry.feeds))
+
+    def _current(self, name: str) -> np.ndarray:
+        """The current value of the bound initializer ``name``, in its stored dtype."""
+        return np.asarray(self._state[name]).astype(self._dtypes[name], copy=False)
 
     @property
     def initializers(self) -> dict[str, np.ndarray]:
@@ -62,10 +124,7 @@ class Session:
 
         Those a binding updates change with each step; the others are as stored.
         """
-        current = {
-            n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
-        }
-        return {n: current[n] if n in current else self._fixed[n] for n in self._order}
+        return {n: self._current(n) if n in self._state else self._fixed[n] for n in self._order}
 
     def initialize(self) -> None:
         """Runs each entry's initialization graph and applies its ``initialization_binding``."""
@@ -75,57 +134,40 @@ class Session:
             function = GraphFunction(info.initialization, opsets=opsets(self._model))
             values = dict(zip(function.output_names, function.apply({}), strict=True))
             for entry in info.initialization_binding:
-                self._state[entry.key] = jax.numpy.asarray(values[entry.value])
+                value = jax.numpy.asarray(values[entry.value])
+                self._state[entry.key] = self._put(value, split=False)
 
     def _feeds(
         self, entry: Entry, inputs: Mapping[str, Any], dims: dict[str, Any]
     ) -> dict[str, Any]:
-        feeds = {}
-        for value in entry.feeds:
-            name = value.name
-            if name not in inputs:
+        feeds = entry.check_feeds(inputs, dims)
+        count = 1 if self._split is None else self._split.num_devices
+        for name, array in feeds.items():
+            if array.ndim and array.shape[0] % count:
                 raise ValueError(
-                    f"{entry.where}: missing feed '{name}'; the step takes "
-                    f"{[v.name for v in entry.feeds]}"
+                    f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which the "
+                    f"{count} devices do not divide; give a batch that is a multiple of {count}"
                 )
-            array = inputs[name]
-            array = array if isinstance(array, jax.Array) else np.asarray(array)
-            elem, shape = declared(value)
-            if elem:
-                want = tensor_dtype(elem, f"input '{name}'")
-                if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
-                    raise TypeError(
-                        f"{entry.where}: feed '{name}' has dtype {array.dtype}; the graph "
-                        f"declares {want}"
-                    )
-            if shape is not None:
-                ok = len(shape) == array.ndim
-                for d, n in zip(shape, array.shape, strict=False):
-                    if isinstance(d, int):
-                        ok = ok and d == n
-                    elif d is not None:
-                        ok = ok and dims.setdefault(d, n) == n
-                if not ok:
-                    raise ValueError(
-                        f"{entry.where}: feed '{name}' has shape {list(array.shape)}; the graph "
-                        f"declares {shape}" + (f" with {dims}" if dims else "")
-                    )
-            feeds[name] = to_jax(f"feed '{name}'", array)
-        return feeds
+        return self._put(feeds, split=True)
+
+    def _all_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every entry's feeds, all checked before any is used."""
+        dims: dict[str, Any] = {}
+        return [self._feeds(entry, inputs, dims) for entry in self._entries]
 
     def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One step of every entry in order; returns the algorithms' unbound outputs.
 
-        Feeds are checked first (names, dtypes, declared shapes), so a step
-        that fails leaves :attr:`initializers` unchanged.
+        Feeds are checked first (names, dtypes, declared shapes, and with
+        several devices that they divide the batch), so a step that fails
+        leaves :attr:`initializers` unchanged.
         """
-        dims: dict[str, Any] = {}
-        all_feeds = [self._feeds(entry, inputs, dims) for entry in self._entries]
-        for entry, feeds in zip(self._entries, all_feeds, strict=True):
+        all_feeds = self._all_feeds(inputs)
+        for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
             key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
             if key not in self._checked:
                 state = {n: abstract(v) for n, v in self._state.items()}
-                reported, new = jax.eval_shape(entry.step, state, feeds, entry.constants)
+                reported, new = jax.eval_shape(entry.step, state, feeds, constants)
                 for n, spec in new.items():
                     if spec.shape != state[n].shape or spec.dtype != state[n].dtype:
                         raise ValueError(
@@ -135,9 +177,26 @@ class Session:
                         )
                 self._checked.add(key)
         outputs: dict[str, np.ndarray] = {}
-        for entry, feeds in zip(self._entries, all_feeds, strict=True):
-            reported, self._state = entry.jitted(self._state, feeds, entry.constants)
+        for jitted, feeds, constants in zip(self._steps, all_feeds, self._constants, strict=True):
+            reported, self._state = jitted(self._state, feeds, constants)
             outputs.update({n: np.asarray(v) for n, v in reported.items()})
+        return outputs
+
+    def evaluate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The algorithms' unbound outputs (the loss) from the current state, changing nothing.
+
+        Takes the feeds :meth:`step` takes. Every entry reads the current
+        initializers (no entry sees another's update, as none is applied); XLA
+        drops what the unbound outputs do not need (the optimizer's update).
+        """
+        all_feeds = self._all_feeds(inputs)
+        outputs: dict[str, np.ndarray] = {}
+        for evaluation, feeds, constants in zip(
+            self._evaluations, all_feeds, self._constants, strict=True
+        ):
+            outputs.update(
+                {n: np.asarray(v) for n, v in evaluation(self._state, feeds, constants).items()}
+            )
         return outputs
 
     def run(
@@ -145,21 +204,52 @@ class Session:
     ) -> dict[str, np.ndarray]:
         """The inference graph's ``outputs`` (default: all) with the current initializers.
 
-        Only the nodes those outputs need are compiled (once per call).
+        Only the nodes those outputs need are compiled (once per call), on
+        JAX's default device.
         """
         model = self.to_model()
         function = GraphFunction(model.graph, outputs=outputs, opsets=opsets(model))
         values = function({n: inputs[n] for n in function.input_names if n in inputs})
         return dict(zip(function.output_names, values, strict=True))
 
-    def to_model(self) -> onnx.ModelProto:
-        """The model with the same graphs and every bound initializer's current value."""
+    def _with_state(self, strip: bool) -> onnx.ModelProto:
         model = onnx.ModelProto()
-        model.CopyFrom(self._model)
-        current = {
-            n: np.asarray(v).astype(self._dtypes[n], copy=False) for n, v in self._state.items()
-        }
+        model.CopyFrom(self._model)  # the bound initializers hold no data there
+        if strip:
+            strip_training(model)
         for init in model.graph.initializer:
-            if init.name in current:
-                init.CopyFrom(numpy_helper.from_array(current[init.name], init.name))
+            if init.name in self._state:
+                init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))
         return model
+
+    def to_model(self) -> onnx.ModelProto:
+        """The model with the same graphs and every bound initializer's current value.
+
+        protobuf cannot serialize a model above 2 GiB: :meth:`save` writes one
+        with external data.
+        """
+        return self._with_state(strip=False)
+
+    def to_inference_model(self) -> onnx.ModelProto:
+        """The inference graph with the current weights, and nothing of the training.
+
+        No ``training_info``, no optimizer state or T, no local function or
+        opset import only the training used; the weights are bit-identical to
+        :attr:`initializers`.
+        """
+        return self._with_state(strip=True)
+
+    def save(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+        """Writes :meth:`to_model` to ``path``; ``Session(path)`` resumes bit-identically.
+
+        Args:
+          path: the ``.onnx`` file to write (its folder must exist).
+          external_data: write every tensor of 1 KiB or more to
+            ``<file name>.data`` beside it, as ONNX external data. None (the
+            default) does so when the model would exceed protobuf's 2 GiB
+            limit; False refuses such a model with a ValueError.
+        """
+        model = onnx.ModelProto()
+        model.CopyFrom(self._model)  # the bound initializers hold no data there
+        arrays = {n: functools.partial(self._current, n) for n in self._state}
+        save_model(model, path, external_data, arrays)
