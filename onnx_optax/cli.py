@@ -166,6 +166,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.batch_size < 1:
         raise UsageError("--steps and --batch-size must be at least 1")
     _writable_file(args.output, "the model")
+    if args.inference:
+        _writable_file(args.inference, "the inference model")
     model = _read_model(training, args.model)
     try:
         session = training.Session(model)
@@ -204,10 +206,13 @@ def _train(args: argparse.Namespace) -> int:
         if step == 1 or step == args.steps or step % args.log_every == 0:
             shown = " ".join(f"{k}={float(np.mean(v)):.6g}" for k, v in outputs.items())
             print(f"step {step}/{args.steps} {shown}", file=sys.stderr)
-    import onnx
-
-    onnx.save(session.to_model(), args.output)
+    session.save(args.output)
     print(f"wrote {args.output}", file=sys.stderr)
+    if args.inference:
+        import onnx
+
+        onnx.save(session.to_inference_model(), args.inference)
+        print(f"wrote {args.inference}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -368,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-every", type=int, default=10, help="print the loss every N steps (default: 10)"
     )
     train.add_argument("-o", "--output", required=True, help="the trained model to write")
+    train.add_argument(
+        "--inference",
+        metavar="PATH",
+        help="also write the inference model: the trained weights, no training_info or state",
+    )
     train.set_defaults(run=_train)
     return parser
 

@@ -248,12 +248,21 @@ def test_attach_check_train_and_resume(tmp_path: pathlib.Path) -> None:
     result = _run("train", str(tmp_path / "t.onnx"), *args, "-o", str(tmp_path / "1.onnx"))
     assert result.returncode == 0, result.stderr
     assert "step 1/20 loss=" in result.stderr and "step 20/20 loss=" in result.stderr
-    result = _run("train", str(tmp_path / "1.onnx"), *args, "-o", str(tmp_path / "2.onnx"))
+    out = ["-o", str(tmp_path / "2.onnx"), "--inference", str(tmp_path / "i.onnx")]
+    result = _run("train", str(tmp_path / "1.onnx"), *args, *out)
     assert result.returncode == 0, result.stderr
+    import onnx
+
     from onnx_optax import training
 
     trained = training.Session(training.load(tmp_path / "2.onnx")).initializers
     assert trained["T"] == 41  # resumed: 1 + 20 + 20
+    inference = onnx.load(str(tmp_path / "i.onnx"))
+    assert not inference.training_info
+    assert {i.name for i in inference.graph.initializer} == {"W", "b"}
+    np.testing.assert_array_equal(
+        onnx.numpy_helper.to_array(inference.graph.initializer[0]), trained["W"]
+    )
 
 
 def test_attach_frozen_and_loss_reach_attach(tmp_path: pathlib.Path) -> None:
