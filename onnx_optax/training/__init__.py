@@ -12,7 +12,10 @@
 * :class:`Session`: runs the initialization graphs and then algorithm steps,
   each ``training_info`` entry compiled once into one jitted XLA computation
   on the *combined* graph (the inference graph followed by the algorithm), its
-  state donated; :meth:`Session.to_model` writes the trained model back.
+  state donated, on one device or split over several (``devices=``);
+  :meth:`Session.evaluate` computes the loss without a step,
+  :meth:`Session.to_model` and :meth:`Session.save` write the trained model
+  back, :meth:`Session.to_inference_model` only what inference reads.
 
 State (parameters, V, H, T) lives in initializers, so ``Session(session.to_model())``
 continues bit-identically.
