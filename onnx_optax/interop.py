@@ -529,9 +529,9 @@ def _tree_paths(model: onnx.ModelProto, names: Sequence[str]) -> list[list[str]]
     except ValueError as error:
         raise ValueError(f"{label} is not JSON ({error}); remove it to import flat") from None
     if not isinstance(paths, list) or not all(
-        isinstance(p, list) and p and all(isinstance(k, str) for k in p) for p in paths
+        isinstance(p, list) and all(isinstance(k, str) for k in p) for p in paths
     ):
-        raise ValueError(f"{label} must be a list of non-empty lists of strings (dict keys)")
+        raise ValueError(f"{label} must be a list of lists of strings (dict keys)")
     if len(paths) != len(names) or any("/".join(p) != n for p, n in zip(paths, names, strict=True)):
         return None  # not these tensors' paths: flat names
     tree: dict[str, Any] = {}
