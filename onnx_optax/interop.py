@@ -31,6 +31,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -51,7 +52,16 @@ except ImportError as _error:
 from onnx_optax._src import checks
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
-from onnx_optax._src.onnx_graph import constant_value, count_function
+from onnx_optax._src.onnx_graph import (
+    SESSION,
+    check_bindings,
+    check_sources,
+    check_versions,
+    constant_value,
+    increment_problem,
+    producers,
+    training_entry,
+)
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPSET_VERSION,
@@ -381,58 +391,184 @@ class ImportedModel(NamedTuple):
     """What :func:`from_model` found in a model."""
 
     transformation: Transformation  # the optimizer, attributes from the node
-    params: Any  # X tensors from the initializers (nested dicts if exported by to_model)
-    state: Any  # the transformation's state: count = T, V/H from the initializers
+    params: Any  # X as stored: read-only numpy arrays (nested dicts if exported by to_model)
+    state: Any  # the transformation's state: count = T, V/H as stored (read-only numpy arrays)
     T: int | None  # the stored update count, None if T is a graph input
     R: float | None  # the stored learning rate, None if R is a graph input
     update_binding: dict[str, str]  # initializer -> algorithm output, as checked
     node: OptimizerNode  # the optimizer node, read and checked
 
 
-def _optimizer_node(model: onnx.ModelProto) -> tuple[onnx.TrainingInfoProto, onnx.NodeProto]:
-    found = [
-        (info, node)
-        for info in model.training_info
-        for node in info.algorithm.node
-        if node.domain == DOMAIN and node.op_type != "Gradient"
-    ]
-    if not model.training_info:
-        raise ValueError("the model has no training_info: there is no training algorithm")
-    if len(found) != 1:
-        raise ValueError(
-            f"the model's training_info holds {len(found)} nodes of '{DOMAIN}' other "
-            "than Gradient; from_model reads exactly one optimizer node"
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _learning_rate(
+    node: OptimizerNode,
+    made_by: Mapping[str, onnx.NodeProto],
+    stored: Mapping[str, onnx.TensorProto],
+    constants: Mapping[str, onnx.TensorProto],
+) -> float | None:
+    """R as stored (an initializer or a Constant node); None when it is fed."""
+    name, where = node.inputs[0], node.description
+    producer = made_by.get(name)
+    if producer is not None:
+        if producer.domain not in ("", "ai.onnx") or producer.op_type != "Constant":
+            raise ValueError(
+                f"{where}: R ('{name}') is computed by {describe(producer)}: a learning rate "
+                f"that changes (a schedule) is beyond from_model; {SESSION}"
+            )
+        value = constant_value(producer)
+    elif name in constants:
+        value = read_tensor(constants[name], "the training algorithm's initializer")
+    elif name in stored:
+        value = read_tensor(stored[name], "the model's graph initializer")
+    else:
+        return None
+    if value.dtype not in _FLOATS or value.shape != ():
+        raise TypeError(
+            f"{where}: R ('{name}') is {value.dtype}{list(value.shape)}; ONNX's R is a float "
+            "or double scalar"
         )
-    return found[0]
+    rate = float(value)
+    if not math.isfinite(rate):
+        raise ValueError(f"{where}: R ('{name}') is {rate}; a learning rate must be finite")
+    return rate
 
 
-def _stored_value(
-    name: str, initializers: Mapping[str, np.ndarray], graph: onnx.GraphProto
-) -> np.ndarray | None:
-    """An initializer's value or a Constant node's output, else None (a graph input)."""
-    if name in initializers:
-        return initializers[name]
-    for node in graph.node:
-        if node.op_type == "Constant" and list(node.output) == [name]:
-            return constant_value(node)
-    return None
+def _count(
+    node: OptimizerNode,
+    made_by: Mapping[str, onnx.NodeProto],
+    stored: Mapping[str, onnx.TensorProto],
+    constants: Mapping[str, onnx.TensorProto],
+    info: onnx.TrainingInfoProto,
+    binding: Mapping[str, str],
+) -> int | None:
+    """T as stored and bound to exactly T + 1; None when it is fed."""
+    name, where = node.inputs[1], node.description
+    producer = made_by.get(name)
+    if producer is not None or name in constants:
+        what = "a constant of" if producer is None else f"computed by {describe(producer)} in"
+        raise ValueError(
+            f"{where}: T ('{name}') is {what} the model: from_model imports a T stored as a graph "
+            f"initializer and bound to T + 1, or fed; {SESSION}"
+        )
+    if name not in stored:
+        return None
+    value = read_tensor(stored[name], "the model's graph initializer")
+    if value.dtype != np.int64 or value.shape != ():
+        raise TypeError(
+            f"{where}: T ('{name}') is {value.dtype}{list(value.shape)}; ONNX's T is an int64 "
+            "scalar"
+        )
+    T = int(value)
+    if T < 0:
+        raise ValueError(f"{where}: T ('{name}') is {T}; an update count is never negative")
+    if T > checks.INT32_MAX:
+        raise ValueError(f"{where}: T = {T} does not fit the int32 count of the transformation")
+    output = binding.get(name)
+    if output is None:
+        raise ValueError(
+            f"T ('{name}') is stored as an initializer but update_binding does not update "
+            "it: the count would never advance (bind it to T + 1)"
+        )
+    fixed = {n: t for n, t in stored.items() if n not in binding}
+    problem = increment_problem(info.algorithm, name, T, output, fixed)
+    if problem:
+        raise ValueError(f"update_binding['{name}'] = '{output}' {problem}")
+    return T
 
 
-def _nest(names: Sequence[str], values: Sequence[Any], model: onnx.ModelProto) -> Any:
+def _stored_tensors(
+    node: OptimizerNode, stored: Mapping[str, onnx.TensorProto]
+) -> dict[str, list[np.ndarray]]:
+    """X, V and H as read-only arrays: float or double, one type, V and H shaped like X."""
+    where = node.description
+    tensors: dict[str, list[np.ndarray]] = {}
+    for group in ("X", *node.state_groups):
+        tensors[group] = []
+        for k, name in enumerate(node.group(group)):
+            if name not in stored:
+                raise ValueError(
+                    f"{where}: its {group} input '{name}' is not an initializer of the model's "
+                    "graph; the parameters and optimizer state must be stored in the model"
+                )
+            array = read_tensor(stored[name], "the model's graph initializer")
+            first = tensors["X"][0] if tensors["X"] else array
+            like = first if group == "X" else tensors["X"][k]
+            if array.dtype not in _FLOATS:
+                raise TypeError(
+                    f"{where}: {group} '{name}' is {array.dtype}; ONNX optimizers take float or "
+                    "double tensors"
+                )
+            if array.dtype != like.dtype or (group != "X" and array.shape != like.shape):
+                x = node.group("X")[0 if group == "X" else k]
+                raise TypeError(
+                    f"{where}: {group} '{name}' is {array.dtype}{list(array.shape)} but X '{x}' "
+                    f"is {like.dtype}{list(like.shape)}; ONNX needs one type for all tensors, "
+                    "and V and H shaped like their X"
+                )
+            array.flags.writeable = False
+            tensors[group].append(array)
+    if tensors["X"][0].dtype == np.float64 and not jax.config.read("jax_enable_x64"):
+        raise TypeError(
+            f"{where}: the tensors are float64, which needs 64-bit JAX: call "
+            "jax.config.update('jax_enable_x64', True) first (they would otherwise be computed "
+            "in float32)"
+        )
+    return tensors
+
+
+def _tree_paths(model: onnx.ModelProto, names: Sequence[str]) -> list[list[str]] | None:
+    """The parameter paths stored by to_model, if they name ``names``; checked to nest."""
     props = {p.key: p.value for p in model.metadata_props}
-    paths = json.loads(props[_TREE_METADATA]) if _TREE_METADATA in props else None
-    if (
-        paths is None
-        or len(paths) != len(names)
-        or any("/".join(p) != n for p, n in zip(paths, names, strict=True))
+    if _TREE_METADATA not in props:
+        return None
+    label = f"metadata '{_TREE_METADATA}'"
+    try:
+        paths = json.loads(props[_TREE_METADATA])
+    except ValueError as error:
+        raise ValueError(f"{label} is not JSON ({error}); remove it to import flat") from None
+    if not isinstance(paths, list) or not all(
+        isinstance(p, list) and all(isinstance(k, str) for k in p) for p in paths
     ):
+        raise ValueError(f"{label} must be a list of lists of strings (dict keys)")
+    if len(paths) != len(names) or any("/".join(p) != n for p, n in zip(paths, names, strict=True)):
+        return None  # not these tensors' paths: flat names
+    tree: dict[str, Any] = {}
+    for path, name in zip(paths, names, strict=True):
+        node = tree
+        for depth, key in enumerate(path):
+            last = depth == len(path) - 1
+            found = node.get(key)
+            if found is not None and (last or not isinstance(found, dict)):
+                other = found if isinstance(found, str) else _first_leaf(found)
+                raise ValueError(
+                    f"{label} nests tensors '{name}' ({path}) and '{other}' at the same key "
+                    f"{path[: depth + 1]}: one would replace the other; remove the metadata to "
+                    "import flat"
+                )
+            node = node.setdefault(key, name if last else {})
+    return paths
+
+
+def _first_leaf(tree: Mapping[str, Any]) -> str:
+    value: Any = tree
+    while isinstance(value, Mapping):
+        value = next(iter(value.values()))
+    return str(value)
+
+
+def _nest(
+    paths: Sequence[Sequence[str]] | None, names: Sequence[str], values: Sequence[Any]
+) -> Any:
+    if paths is None:
         return dict(zip(names, values, strict=True))
     tree: dict[str, Any] = {}
     for path, value in zip(paths, values, strict=True):
         node = tree
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1] if path else "x"] = value
+        node[path[-1]] = value
     return tree
 
 
@@ -447,15 +583,45 @@ def from_model(
 ) -> ImportedModel:
     """Reads the optimizer, parameters and state of a model with ``training_info``.
 
-    The model's ``training_info`` algorithm must hold one Adagrad, Adam or
-    Momentum node whose X (and V/H) inputs are initializers of the model's
-    graph. Its ``update_binding`` is checked (the ONNX checker does not): every
-    key must be an initializer, every value an algorithm output, each X and
-    state initializer must be bound to the node's matching new value, and a
-    stored T must be bound to T + 1.
+    It imports what an optax loop continues exactly, and refuses the rest
+    with a ``ValueError`` or ``TypeError`` naming the tensor, node or
+    binding; where the model is valid ONNX but beyond this import, the
+    message says that :class:`onnx_optax.training.Session` runs it. The
+    accepted shape:
+
+    * IR version 7 up to ``onnx.IR_VERSION``; opsets the installed onnx
+      defines, ``ai.onnx.preview.training`` at version 1.
+    * One ``training_info`` entry without an initialization graph; its
+      algorithm holds one Adagrad, Adam or Momentum node, and otherwise only
+      ``ai.onnx`` ops and ``Gradient``.
+    * The node's inputs are distinct tensors. X, V and H are initializers of
+      the model's graph: float or double (double needs 64-bit JAX), one type
+      for all, V and H shaped like their X.
+    * Each G is fed, or is the output of a ``Gradient`` node with respect to
+      its X (fed X itself): nothing in between. The loss (what computes the
+      Gradient's ``y``) is not imported: the optax loop brings its own.
+      Nodes that no binding depends on (a reported loss) change nothing
+      stored and are ignored.
+    * R is a finite float or double scalar, stored (an initializer or a
+      Constant node) or fed (then pass ``learning_rate=``).
+    * T is an int64 scalar initializer in [0, 2**31 - 1] bound to exactly
+      T + 1: ``Add(T, 1)``, ``Add(1, T)`` or ``Sub(T, -1)`` of a constant
+      int64 scalar (checked in exact integers). Or T is fed (then
+      ``initial_count=`` applies).
+    * ``update_binding`` binds each X, V and H once to the node's matching
+      new value, and a stored T to T + 1: every key an initializer, every
+      value an algorithm output, nothing else.
+    * The metadata ``onnx_optax.params`` (written by :func:`to_model`) nests
+      the parameters when its paths join to the X names; paths that collide
+      or are prefixes of one another are refused. Otherwise ``params`` is a
+      dict by tensor name.
+
+    Parameters and state come back as read-only numpy arrays, as stored
+    (no per-tensor copy to the device: JAX moves them on first use, or all
+    at once with ``jax.device_put``).
 
     Args:
-      model: the ``ModelProto``.
+      model: the ``ModelProto``, its bytes or its path.
       learning_rate: R to use (default: R as stored; required if R is an input).
       initial_count: T to start from if T is not stored (default: the
         transformation's default).
@@ -482,126 +648,55 @@ def from_model(
             "bytes or its path work too)"
         )
     model = load_model(model, base_dir=base_dir, limits=limits)
-    info, proto = _optimizer_node(model)
+    info, proto = training_entry(model)
+    check_versions(model)
     node = read_node(proto)
-    where = describe(proto)
-    initializers = {
-        i.name: read_tensor(i, "the model's graph initializer") for i in model.graph.initializer
-    }
-    algorithm_values = {
-        i.name: read_tensor(i, "the training algorithm's initializer")
-        for i in info.algorithm.initializer
-    }
-
-    stored: dict[str, list[np.ndarray]] = {}
-    for group in ("X", *node.state_groups):
-        stored[group] = []
-        for name in node.group(group):
-            if name not in initializers:
-                raise ValueError(
-                    f"{where}: its {group} input '{name}' is not an initializer of the model's "
-                    "graph; the parameters and optimizer state must be stored in the model"
-                )
-            stored[group].append(initializers[name])
-
-    R_value = _stored_value(node.inputs[0], {**initializers, **algorithm_values}, info.algorithm)
-    T_value = _stored_value(node.inputs[1], {**initializers, **algorithm_values}, info.algorithm)
-    binding = {entry.key: entry.value for entry in info.update_binding}
-    _check_bindings(info, node, binding, initializers)
+    stored = {t.name: t for t in model.graph.initializer}
+    constants = {t.name: t for t in info.algorithm.initializer}
+    shadowed = sorted(set(constants) & set(stored))
+    if shadowed:
+        raise ValueError(
+            f"the training algorithm's initializers {shadowed[:5]} have the names of graph "
+            "initializers: which one a node reads would be ambiguous"
+        )
+    made_by = producers(model.graph, info.algorithm)
+    check_sources(node, made_by, stored, constants)
+    tensors = _stored_tensors(node, stored)
+    binding = check_bindings(info, node, stored)
+    R = _learning_rate(node, made_by, stored, constants)
+    T = _count(node, made_by, stored, constants, info, binding)
 
     if learning_rate is None:
-        if R_value is None:
+        if R is None:
             raise ValueError(
-                f"{where}: R ('{node.inputs[0]}') is a graph input, not stored in the model; "
-                "pass learning_rate="
+                f"{node.description}: R ('{node.inputs[0]}') is a graph input, not stored in "
+                "the model; pass learning_rate="
             )
-        learning_rate = float(R_value)
-    T = None if T_value is None else int(T_value)
+        learning_rate = R
     count = T if T is not None else initial_count
     if count is not None and not 0 <= count <= checks.INT32_MAX:
-        raise ValueError(f"{where}: T = {count} does not fit the int32 count of the transformation")
+        raise ValueError(
+            f"{node.description}: T = {count} does not fit the int32 count of the transformation"
+        )
     transformation = _transformation(
         node.operator.op_type, node.attributes, learning_rate, count, accumulator_dtype
     )
     names = list(node.group("X"))
-    params = _nest(names, jax.device_put(stored["X"]), model)
+    paths = _tree_paths(model, names)
     # The state as init() would shape it, from the stored tensors (no zeros made first).
     state = node.operator.state(
         count=jnp.asarray(transformation.initial_count).astype(jnp.int32),
         **{
-            field: _nest(names, jax.device_put(stored[letter]), model)
+            field: _nest(paths, names, tensors[letter])
             for letter, field in node.operator.state_inputs
         },
     )
     return ImportedModel(
         transformation=transformation,
-        params=params,
+        params=_nest(paths, names, tensors["X"]),
         state=state,
         T=T,
-        R=None if R_value is None else float(R_value),
+        R=R,
         update_binding=binding,
         node=node,
     )
-
-
-def _check_bindings(
-    info: onnx.TrainingInfoProto,
-    node: OptimizerNode,
-    binding: Mapping[str, str],
-    initializers: Mapping[str, np.ndarray],
-) -> None:
-    algorithm_outputs = {o.name for o in info.algorithm.output}
-    for key, value in binding.items():
-        if key not in initializers:
-            raise ValueError(
-                f"update_binding['{key}'] = '{value}': '{key}' is not an initializer of the "
-                "model's graph, so there is nothing to update"
-            )
-        if value not in algorithm_outputs:
-            raise ValueError(
-                f"update_binding['{key}'] = '{value}': '{value}' is not an output of the "
-                f"training algorithm (its outputs: {sorted(algorithm_outputs)})"
-            )
-    for group in ("X", *node.state_groups):
-        label = "new value" if group == "X" else f"new {group}"
-        for x, stored, produced in zip(
-            node.group("X"), node.group(group), node.output_group(group), strict=True
-        ):
-            if produced not in algorithm_outputs:
-                raise ValueError(
-                    f"{node.description}: its output '{produced}' ({label} of "
-                    f"'{x}') is not an output of the training algorithm, so it cannot be bound"
-                )
-            if binding.get(stored) != produced:
-                found = binding.get(stored)
-                raise ValueError(
-                    f"update_binding['{stored}'] should be '{produced}' (the "
-                    f"{node.operator.op_type} node's {label} of '{x}'), but it is "
-                    + ("missing" if found is None else f"'{found}'")
-                )
-    T_name = node.inputs[1]
-    if T_name in initializers:
-        if T_name not in binding:
-            raise ValueError(
-                f"T ('{T_name}') is stored as an initializer but update_binding does not update "
-                "it: the count would never advance (bind it to T + 1)"
-            )
-        T_now = int(np.asarray(initializers[T_name]))
-        output = binding[T_name]
-        try:
-            counter = count_function(info.algorithm, T_name, T_now, output)
-        except UnsupportedOperatorError as error:
-            raise ValueError(
-                f"update_binding['{T_name}'] = '{output}': cannot check that it is T + 1 ({error})"
-            ) from None
-        if counter.input_names:
-            raise ValueError(
-                f"update_binding['{T_name}'] = '{output}' depends on the algorithm's inputs "
-                f"{list(counter.input_names)}; it must be T + 1"
-            )
-        (T_next,) = counter([])
-        if int(np.asarray(T_next)) != T_now + 1:
-            raise ValueError(
-                f"update_binding['{T_name}'] = '{output}' computes {int(np.asarray(T_next))} from "
-                f"T = {T_now}; it must be T + 1"
-            )

@@ -16,12 +16,12 @@ directory; nothing here does either.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import onnx
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
@@ -74,7 +74,7 @@ def _declared_bytes(tensor: onnx.TensorProto) -> int:
     if any(d < 0 for d in dims):
         raise ValueError(f"tensor '{tensor.name}' has negative dims {dims}")
     dtype = tensor_dtype(tensor.data_type, f"tensor '{tensor.name}'")
-    return int(np.prod(dims, dtype=object)) * dtype.itemsize
+    return math.prod(dims) * dtype.itemsize
 
 
 def _check_limits(model: onnx.ModelProto, limits: Limits) -> None:

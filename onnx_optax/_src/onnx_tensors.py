@@ -23,8 +23,14 @@ _REFUSED = {
 _PACKED_BITS = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2}
 
 
+# The dtypes of the element types seen so far (a model has thousands of tensors, few types).
+_DTYPES: dict[int, np.dtype] = {}
+
+
 def tensor_dtype(elem_type: int, where: str) -> np.dtype:
     """The numpy dtype of an ONNX element type; a clear error for the types we refuse."""
+    if elem_type in _DTYPES:
+        return _DTYPES[elem_type]
     import onnx
     from onnx import helper
 
@@ -34,7 +40,8 @@ def tensor_dtype(elem_type: int, where: str) -> np.dtype:
         raise ValueError(f"{where}: unknown ONNX element type {elem_type}") from None
     if name in _REFUSED:
         raise ValueError(f"{where}: element type {name} ({_REFUSED[name]}) is not supported")
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    _DTYPES[elem_type] = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    return _DTYPES[elem_type]
 
 
 def read_tensor(tensor: Any, where: str) -> np.ndarray:

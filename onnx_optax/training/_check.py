@@ -11,7 +11,7 @@ import onnx
 from onnx import helper
 
 from onnx_optax._src.graph import GRADIENT, GraphFunction
-from onnx_optax._src.onnx_graph import count_function
+from onnx_optax._src.onnx_graph import increment_problem
 from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.registry import OPERATORS
@@ -200,15 +200,15 @@ def _optimizer_problems(
             )
         else:
             T_now = int(np.asarray(initializers[T]))
+            constants = {n: v for n, v in initializers.items() if n not in binding}
             try:
-                counter = count_function(algorithm, T, T_now, output)
-                ok = not counter.input_names and int(np.asarray(counter([])[0])) == T_now + 1
-            except (TypeError, ValueError, NotImplementedError):
-                ok = False
-            if not ok:
+                problem = increment_problem(algorithm, T, T_now, output, constants)
+            except (TypeError, ValueError) as error:
+                problem = str(error)
+            if problem:
                 problems.append(
                     f"{where}: update_binding['{T}'] = '{output}' is not T + 1 (T of "
-                    f"{node.description})"
+                    f"{node.description}): {problem}"
                 )
     return problems
 
