@@ -413,16 +413,17 @@ class GraphFunction:
         }
         # The rest is data, passed to the compiled graph (checked on the first run).
         self.params = {name: v for name, v in values.items() if name not in self.static}
-        # Small feeds and initializers are packed; an optimizer node's tensors first, in
-        # the node's order, so each of its groups fills one stretch of a buffer.
-        self._pack_order = tuple(
-            dict.fromkeys(
-                name
-                for step in self.order
-                if isinstance(step, _OptimizerStep)
-                for name in step.inputs[2:]
-            )
-        )
+        # Small feeds and initializers that only optimizer nodes read (as tensors) are
+        # packed, in the nodes' order, so each group of a node fills one stretch of a
+        # buffer; a value another node reads would be sliced out, which XLA compiles
+        # slowly by the thousand.
+        optimizer_reads: dict[str, None] = {}
+        other_reads: set[str] = set()
+        for step in self._steps.values():
+            first = 2 if isinstance(step, _OptimizerStep) else len(step.inputs)
+            optimizer_reads.update(dict.fromkeys(step.inputs[first:]))
+            other_reads.update(step.inputs[:first])
+        self._packable = tuple(n for n in optimizer_reads if n not in other_reads)
         self._packed_params: tuple[Layout, list[jax.Array], dict[str, Any]] | None = None
         # Graph inputs read as shapes or axes are compile-time values: one compilation each.
         read_as_shapes = {
@@ -622,15 +623,16 @@ class GraphFunction:
                     f"{self.input_names}"
                 )
         named = dict(zip(self.input_names, values, strict=True))
-        fixed = {n: host_array(f"input '{n}'", named.pop(n)) for n in self.static_inputs}
+        # Read as shapes, in numpy: int64 stays exact (INT64_MAX as "to the end").
+        fixed = {n: np.asarray(named.pop(n)) for n in self.static_inputs}
         feeds = {
             n: v if isinstance(v, jax.Array) else host_array(f"input '{n}'", v)
             for n, v in named.items()
         }
-        layout, buffers, own = pack(feeds, self._pack_order)
+        layout, buffers, own = pack(feeds, self._packable)
         if self._packed_params is None:  # on the device once, for every run
             checked = {n: host_array(f"initializer '{n}'", v) for n, v in self.params.items()}
-            p_layout, host_buffers, host_own = pack(checked, self._pack_order)
+            p_layout, host_buffers, host_own = pack(checked, self._packable)
             self._packed_params = (
                 p_layout,
                 [jnp.asarray(b) for b in host_buffers],

@@ -2,14 +2,18 @@
 
 On XLA each argument and result of a compiled graph costs compile memory and
 a transfer per call: an optimizer node over 5,000 tensors fed one array each
-has 20,000 arguments. The graph's caller packs every small host value (fewer
-than :data:`PACK_BELOW` elements) into one flat buffer per dtype
-(:func:`pack`); inside the compiled graph each packed value is a :class:`Part`
-of its buffer, sliced out (:func:`materialize`) only when an op reads it. An
+has 20,000 arguments. The graph's caller packs the small host values (fewer
+than :data:`PACK_BELOW` elements) that only optimizer nodes read into one flat
+buffer per dtype (:func:`pack`), in the order the nodes read them; inside the
+compiled graph each packed value is a :class:`Part` of its buffer. An
 optimizer node whose tensors of one group lie side by side in one buffer runs
 its elementwise formula once on that stretch of the buffer, and its outputs
 are Parts of the flat results, which go back to the caller whole and are cut
 into tensors there, on the host: no per-tensor operation is compiled.
+
+Slicing is what this avoids: XLA compiles a thousand small slices of one buffer
+far more slowly than a thousand arguments, so a Part is sliced out
+(:func:`materialize`) only where some other op reads it.
 """
 
 from __future__ import annotations
@@ -48,31 +52,29 @@ Layout = tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (name, buffer, sta
 
 
 def pack(
-    values: Mapping[str, Any], order: Sequence[str]
+    values: Mapping[str, Any], names: Sequence[str]
 ) -> tuple[Layout, list[np.ndarray], dict[str, Any]]:
-    """Packs the small numpy values, in ``order`` first, into one flat buffer per dtype.
+    """Packs the small numpy values among ``names``, in that order, one flat buffer per dtype.
 
     Returns the layout (hashable: it keys the compiled graph), the buffers and
-    the values left as they are (large ones, and arrays already on a device).
+    the values left as they are (the others, large ones, arrays on a device).
     """
     buffer_of: dict[np.dtype, int] = {}
     pieces: list[list[np.ndarray]] = []
     sizes: list[int] = []
     layout = []
-    own = {}
-    first = [name for name in dict.fromkeys(order) if name in values]
-    chosen = set(first)
-    for name in [*first, *(n for n in values if n not in chosen)]:
-        value = values[name]
+    own = dict(values)
+    for name in names:
+        value = own.get(name)
         if not isinstance(value, np.ndarray | np.generic) or not 0 < value.size < PACK_BELOW:
-            own[name] = value
             continue
+        del own[name]
         b = buffer_of.setdefault(value.dtype, len(pieces))
         if b == len(pieces):
             pieces.append([])
             sizes.append(0)
         layout.append((name, b, sizes[b], tuple(value.shape)))
-        pieces[b].append(np.reshape(value, -1))
+        pieces[b].append(value.reshape(-1))
         sizes[b] += value.size
     return tuple(layout), [np.concatenate(p) for p in pieces], own
 

@@ -54,7 +54,7 @@ def refuse_narrowing(what: str, array: np.ndarray) -> None:
     tensors, are refused with the hint to enable 64-bit JAX.
     """
     dtype = np.dtype(array.dtype)
-    if dtype.kind not in "biufc":
+    if dtype.kind in "OSUMm" or dtype.fields is not None:  # bfloat16 & co. are kind "V"
         raise TypeError(
             f"{what} has dtype {dtype}, which is not a numeric tensor; onnx_optax computes "
             "numeric and boolean tensors only"
