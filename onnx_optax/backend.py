@@ -44,7 +44,7 @@ except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
 from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
-from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
+from onnx_optax._src.load import DEFAULT_LIMITS, Limits, check_node_text, load_model
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
 
 __all__ = [
@@ -146,7 +146,10 @@ class OnnxOptaxBackend(Backend):
                 "bytes or its path work too)"
             )
         model = load_model(model, base_dir=base_dir, limits=limits)
-        onnx.checker.check_model(model)
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as error:
+            raise ValueError(f"the model is not valid ONNX (onnx.checker): {error}") from None
         return OnnxOptaxRep(model, device)
 
     @classmethod
@@ -166,6 +169,7 @@ class OnnxOptaxBackend(Backend):
         del outputs_info, kwargs
         if not isinstance(node, onnx.NodeProto):
             raise TypeError(f"run_node needs an onnx.NodeProto, got {type(node).__name__}")
+        check_node_text(node, "run_node: the node")
         names = [name for name in dict.fromkeys(node.input) if name]
         if isinstance(inputs, dict):
             inputs = [inputs[name] for name in names]

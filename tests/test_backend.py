@@ -92,10 +92,10 @@ def test_prepared_model_compiles_once() -> None:
     rep = backend.prepare(_adam_step_model())
     feeds = [np.float32(0.01), np.int64(1)] + [np.ones(3, np.float32)] * 4
     rep.run(feeds)
-    size = rep.graph._jitted._cache_size()
+    size = rep.graph.compilations
     for t in range(2, 5):
         rep.run([np.float32(0.02 * t), np.int64(t)] + [np.full(3, t, np.float32)] * 4)
-    assert rep.graph._jitted._cache_size() == size == 1
+    assert rep.graph.compilations == size == 1
 
 
 def test_unsupported_op_is_named() -> None:

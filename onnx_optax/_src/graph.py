@@ -15,14 +15,23 @@ with ones: the outputs are the gradients of ``sum(y)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.checks import refuse_truncation
+from onnx_optax._src.graph_packing import (
+    Layout,
+    Part,
+    contiguous,
+    cut,
+    materialize,
+    outputs_of,
+    pack,
+    unpack,
+)
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPERATORS,
@@ -32,7 +41,7 @@ from onnx_optax._src.onnx_nodes import (
     read_node,
 )
 from onnx_optax._src.onnx_ops import OPS, STANDARD_DOMAINS, Node, is_static, read_attributes
-from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
+from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -63,13 +72,21 @@ def supported_ops() -> dict[str, list[str]]:
     return {"ai.onnx": sorted(OPS), DOMAIN: sorted([*OPERATORS, GRADIENT])}
 
 
+def host_array(what: str, value: Any) -> np.ndarray:
+    """A host value (a feed, an initializer) as a numpy array that JAX holds exactly."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} is not a tensor ({type(value).__name__}): {error}") from None
+    refuse_narrowing(what, array)
+    return array
+
+
 def to_jax(what: str, value: Any) -> jax.Array:
-    """A host value as a JAX array, refusing what 32-bit JAX would silently truncate."""
+    """A host value as a JAX array, refusing what JAX cannot hold or would silently narrow."""
     if isinstance(value, jax.Array):
         return value
-    array = np.asarray(value)
-    refuse_truncation(what, array)
-    return jnp.asarray(array)
+    return jnp.asarray(host_array(what, value))
 
 
 def _wrap(where: str, error: Exception) -> Exception:
@@ -105,7 +122,7 @@ class _StandardStep(_Step):
         )
 
     def run(self, env: Env) -> None:
-        args = [env[name] if name else None for name in self.inputs]
+        args = [materialize(env[name]) if name else None for name in self.inputs]
         for position in self.op.static:
             if (
                 position < len(args)
@@ -117,19 +134,26 @@ class _StandardStep(_Step):
                     "is compiled (a constant, an initializer or computed from shapes); it depends "
                     "on the values fed"
                 )
-        if not all(a is None or is_static(a) for a in args):
-            for position, value in enumerate(args):
-                if position not in self.op.static and value is not None and is_static(value):
-                    refuse_truncation(f"{self.where}: input '{self.inputs[position]}'", value)
+        traced = not all(a is None or is_static(a) for a in args)
+        if traced:
+            self._refuse_narrowing(args)
         try:
             results = self.op.fn(self.info, *args)
         except (TypeError, ValueError) as error:
             raise _wrap(self.where, error) from None
         if not isinstance(results, tuple):
             results = (results,)
+        if not traced and not all(r is None or is_static(r) for r in results):
+            self._refuse_narrowing(args)  # the op computed host values in JAX
         for name, value in zip(self.outputs, results, strict=False):
             if name:
                 env[name] = value
+
+    def _refuse_narrowing(self, args: Sequence[Any]) -> None:
+        """Checks the host values an op reads as data, which become JAX arrays."""
+        for position, value in enumerate(args):
+            if position not in self.op.static and value is not None and is_static(value):
+                refuse_narrowing(f"{self.where}: input '{self.inputs[position]}'", value)
 
 
 class _OptimizerStep(_Step):
@@ -138,14 +162,65 @@ class _OptimizerStep(_Step):
         self.optimizer: OptimizerNode = read_node(node)
 
     def run(self, env: Env) -> None:
-        args = [to_jax(f"{self.where}: input '{n}'", env[n]) for n in self.inputs]
+        values = [env[n] for n in self.inputs]
         try:
-            results = self.optimizer.run(*args)
+            results = self._run_packed(values)
+            if results is None:
+                args = [
+                    to_jax(f"{self.where}: input '{n}'", materialize(v))
+                    for n, v in zip(self.inputs, values, strict=True)
+                ]
+                results = self.optimizer.run(*args)
         except (TypeError, ValueError) as error:
             wrapped = _wrap(self.where, error)
             wrapped.optimizer_node = True  # type: ignore[attr-defined]
             raise wrapped from None
         env.update(zip(self.outputs, results, strict=True))
+
+    def _run_packed(self, values: Sequence[Any]) -> tuple[Any, ...] | None:
+        """The node run on stretches of packed buffers, when its tensors lie side by side.
+
+        Tensor i is packed when its X, G and state values are all Parts of one
+        shape; each group's packed tensors must fill one stretch of a buffer, in
+        order. The op then runs on those stretches (and on the other tensors as
+        they are) and its outputs are Parts of the flat results. Anything else
+        (a shape or dtype the op would refuse included) runs tensor by tensor.
+        """
+        n, k = self.optimizer.n_tensors, len(self.optimizer.operator.groups)
+        groups = [values[2 + j * n : 2 + (j + 1) * n] for j in range(k)]
+        packed = [
+            i
+            for i in range(n)
+            if all(isinstance(g[i], Part) and g[i].shape == groups[0][i].shape for g in groups)
+        ]
+        if len(packed) < 2:
+            return None
+        flats = [contiguous([g[i] for i in packed]) for g in groups]
+        if any(f is None for f in flats) or len({f.dtype for f in flats}) != 1:
+            return None
+        chosen = set(packed)
+        rest = [i for i in range(n) if i not in chosen]
+        args = [materialize(values[0]), materialize(values[1])]
+        for j, (flat, g) in enumerate(zip(flats, groups, strict=True)):
+            args.append(flat)
+            args += [
+                to_jax(f"{self.where}: input '{self.inputs[2 + j * n + i]}'", materialize(g[i]))
+                for i in rest
+            ]
+        outputs = self.optimizer.run(*args)
+        results: list[Any] = []
+        width = 1 + len(rest)
+        for first in range(0, len(outputs), width):
+            flat, *others = outputs[first : first + width]
+            tensors: list[Any] = [None] * n
+            start = 0
+            for i in packed:
+                tensors[i] = Part(flat, start, groups[0][i].shape)
+                start += tensors[i].size
+            for i, tensor in zip(rest, others, strict=True):
+                tensors[i] = tensor
+            results += tensors
+        return tuple(results)
 
 
 class _GradientStep(_Step):
@@ -180,7 +255,7 @@ class _GradientStep(_Step):
         self.order: list[_Step] = []  # the nodes computing y from xs and zs, set by the graph
 
     def run(self, env: Env) -> None:
-        values = [env[name] for name in self.inputs]
+        values = [materialize(env[name]) for name in self.inputs]
         nx = len(self.xs)
         xs_values = [
             to_jax(f"{self.where}: input '{n}'", v)
@@ -201,7 +276,7 @@ class _GradientStep(_Step):
             local.update(zip(self.zs, zs_values, strict=True))
             for step in self.order:
                 step.run(local)
-            y = to_jax(f"{self.where}: y '{self.y}'", local[self.y])
+            y = to_jax(f"{self.where}: y '{self.y}'", materialize(local[self.y]))
             if not jnp.issubdtype(y.dtype, jnp.inexact):
                 raise TypeError(f"{self.where}: y '{self.y}' has dtype {y.dtype}; it must be float")
             return y
@@ -217,14 +292,12 @@ def _gradient_names(node: Any) -> tuple[str, set[str]]:
     """A Gradient node's y and the names its differentiation stops at (xs and zs)."""
     from onnx import helper
 
+    def text(value: Any) -> str:
+        return utf8(value, f"{describe(node)}: a name") if isinstance(value, bytes) else str(value)
+
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    y = attrs.get("y", b"")
-    stop = {
-        v.decode() if isinstance(v, bytes) else str(v)
-        for k in ("xs", "zs")
-        for v in attrs.get(k, [])
-    }
-    return (y.decode() if isinstance(y, bytes) else str(y)), stop
+    stop = {text(v) for k in ("xs", "zs") for v in attrs.get(k, [])}
+    return text(attrs.get("y", b"")), stop
 
 
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
@@ -292,18 +365,11 @@ class GraphFunction:
         self.opsets = {
             ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
         }
-        values = {name: np.asarray(v) for name, v in (outer_values or {}).items()}
-        for init in graph.initializer:
-            values[init.name] = read_tensor(init, f"graph '{graph.name}' initializer")
-        # Small integer tensors are shape data: kept on the host, known while tracing.
-        self.static = {
-            name: v
-            for name, v in values.items()
-            if (np.issubdtype(v.dtype, np.integer) or v.dtype == bool)
-            and v.size <= STATIC_INITIALIZER_LIMIT
-        }
-        self.params = {name: v for name, v in values.items() if name not in self.static}
-        self.input_names = tuple(i.name for i in graph.input if i.name not in values)
+        outer = {name: np.asarray(v) for name, v in (outer_values or {}).items()}
+        initializers = {init.name: init for init in graph.initializer}
+        self.input_names = tuple(
+            i.name for i in graph.input if i.name not in outer and i.name not in initializers
+        )
         self.output_names = tuple(outputs or (o.name for o in graph.output))
         declared = {
             o.name: o.type.tensor_type.elem_type
@@ -314,7 +380,7 @@ class GraphFunction:
             tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
             for n in self.output_names
         )
-        self._available = set(self.input_names) | set(values)
+        self._available = {*self.input_names, *outer, *initializers}
         self._nodes = list(graph.node)
         self._producer: dict[str, int] = {}
         for index, node in enumerate(self._nodes):
@@ -332,20 +398,45 @@ class GraphFunction:
         for index in sorted(needed):
             self._step(index)
         self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
+        # Only the initializers the outputs need are read: an unused one may be huge.
+        read = {*self.output_names, *(name for i in needed for name in self._deps(i))}
+        values = dict(outer)
+        for name, init in initializers.items():
+            if name in read:
+                values[name] = read_tensor(init, f"graph '{graph.name}' initializer")
+        # Small integer tensors are shape data: kept on the host, known while tracing.
+        self.static = {
+            name: v
+            for name, v in values.items()
+            if (np.issubdtype(v.dtype, np.integer) or v.dtype == bool)
+            and v.size <= STATIC_INITIALIZER_LIMIT
+        }
+        # The rest is data, passed to the compiled graph (checked on the first run).
+        self.params = {name: v for name, v in values.items() if name not in self.static}
+        # Small feeds and initializers that only optimizer nodes read (as tensors) are
+        # packed, in the nodes' order, so each group of a node fills one stretch of a
+        # buffer; a value another node reads would be sliced out, which XLA compiles
+        # slowly by the thousand.
+        optimizer_reads: dict[str, None] = {}
+        other_reads: set[str] = set()
+        for step in self._steps.values():
+            first = 2 if isinstance(step, _OptimizerStep) else len(step.inputs)
+            optimizer_reads.update(dict.fromkeys(step.inputs[first:]))
+            other_reads.update(step.inputs[:first])
+        self._packable = tuple(n for n in optimizer_reads if n not in other_reads)
+        self._packed_params: tuple[Layout, list[jax.Array], dict[str, Any]] | None = None
         # Graph inputs read as shapes or axes are compile-time values: one compilation each.
-        self.static_inputs = tuple(
-            name
-            for name in self.input_names
-            if any(
-                isinstance(step, _StandardStep)
-                and any(p < len(step.inputs) and step.inputs[p] == name for p in step.op.static)
-                for step in self._steps.values()
-            )
-        )
+        read_as_shapes = {
+            step.inputs[p]
+            for step in self._steps.values()
+            if isinstance(step, _StandardStep)
+            for p in step.op.static
+            if p < len(step.inputs)
+        }
+        self.static_inputs = tuple(n for n in self.input_names if n in read_as_shapes)
         if not self.static_inputs:
             self._check_shapes(graph)
-        self._jitted = jax.jit(self.apply)
-        self._jitted_static: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._compilations: dict[Any, tuple[Any, list[Layout]]] = {}
 
     # -- structure
 
@@ -412,17 +503,29 @@ class GraphFunction:
     def _topological(
         self, names: Sequence[str], stop: set[str], owner: int | None = None
     ) -> list[int]:
-        """The nodes computing ``names`` (not past ``stop``) in an order that runs."""
+        """The nodes computing ``names`` (not past ``stop``) in an order that runs.
+
+        A depth-first walk with its own stack: a chain of many nodes needs no
+        Python recursion.
+        """
         order: list[int] = []
         state: dict[int, int] = {}  # 1: on the current path, 2: done
 
-        def visit(name: str, reader: str) -> None:
+        def enter(name: str, reader: int | None) -> int | None:
+            """The producer of ``name`` if it is still to visit; checks the edge."""
             if name in stop or name in self._available:
-                return
+                return None
             index = self._producer.get(name)
             if index is None:
+                where = (
+                    describe(self._nodes[reader])
+                    if reader is not None
+                    else "graph output"
+                    if owner is None
+                    else describe(self._nodes[owner])
+                )
                 raise ValueError(
-                    f"{reader}: input '{name}' is not a graph input, an initializer or the output "
+                    f"{where}: input '{name}' is not a graph input, an initializer or the output "
                     "of a node"
                 )
             if index == owner or state.get(index) == 1:
@@ -430,15 +533,24 @@ class GraphFunction:
                     f"{describe(self._nodes[index])}: the graph has a cycle through it"
                 )
             if state.get(index) == 2:
-                return
+                return None
             state[index] = 1
-            for dep in self._deps(index):
-                visit(dep, describe(self._nodes[index]))
-            state[index] = 2
-            order.append(index)
+            return index
 
         for name in names:
-            visit(name, "graph output" if owner is None else describe(self._nodes[owner]))
+            root = enter(name, None)
+            stack = [] if root is None else [(root, iter(self._deps(root)))]
+            while stack:
+                index, deps = stack[-1]
+                for dep in deps:
+                    child = enter(dep, index)
+                    if child is not None:
+                        stack.append((child, iter(self._deps(child))))
+                        break
+                else:
+                    stack.pop()
+                    state[index] = 2
+                    order.append(index)
         return order
 
     def _check_shapes(self, graph: Any) -> None:
@@ -460,7 +572,7 @@ class GraphFunction:
                 return
             specs[name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
         try:
-            jax.eval_shape(self.apply, specs)
+            jax.eval_shape(self.apply, specs, self.params)
         except (TypeError, ValueError) as error:
             # Optimizer nodes check their arguments when they run (declared shapes of
             # optimizer inputs are not binding); everything else fails here.
@@ -480,12 +592,22 @@ class GraphFunction:
         env.update(self.params)
         env.update(params or {})
         env.update(inputs)
+        return tuple(materialize(value) for value in self._evaluate(env))
+
+    def _evaluate(self, env: Env) -> tuple[Any, ...]:
+        """Runs the nodes on ``env``; the outputs, Parts of packed buffers left as they are."""
         # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
         # semantics here, whatever the caller's jax_numpy_rank_promotion says.
         with jax.numpy_rank_promotion("allow"):
             for step in self.order:
                 step.run(env)
-        return tuple(env[name] for name in self.output_names)
+        outputs = tuple(env[name] for name in self.output_names)
+        for name, value in zip(self.output_names, outputs, strict=True):
+            if is_static(value):  # computed while tracing: it becomes a JAX array here
+                index = self._producer.get(name)
+                of = "" if index is None else f" of {describe(self._nodes[index])}"
+                refuse_narrowing(f"graph output '{name}'{of}", value)
+        return outputs
 
     def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
         if isinstance(inputs, Mapping):
@@ -501,29 +623,69 @@ class GraphFunction:
                     f"{self.input_names}"
                 )
         named = dict(zip(self.input_names, values, strict=True))
+        # Read as shapes, in numpy: int64 stays exact (INT64_MAX as "to the end").
         fixed = {n: np.asarray(named.pop(n)) for n in self.static_inputs}
-        feeds = {n: to_jax(f"input '{n}'", v) for n, v in named.items()}
-        params = {n: to_jax(f"initializer '{n}'", v) for n, v in self.params.items()}
+        feeds = {
+            n: v if isinstance(v, jax.Array) else host_array(f"input '{n}'", v)
+            for n, v in named.items()
+        }
+        layout, buffers, own = pack(feeds, self._packable)
+        if self._packed_params is None:  # on the device once, for every run
+            checked = {n: host_array(f"initializer '{n}'", v) for n, v in self.params.items()}
+            p_layout, host_buffers, host_own = pack(checked, self._packable)
+            self._packed_params = (
+                p_layout,
+                [jnp.asarray(b) for b in host_buffers],
+                {n: jnp.asarray(v) for n, v in host_own.items()},
+            )
+        _, p_buffers, p_own = self._packed_params
+        arguments = (buffers, own, p_buffers, p_own)
         if device is not None:
-            feeds, params = jax.device_put((feeds, params), device)
-        outputs = self._compiled(fixed)(feeds, params)
+            arguments = jax.device_put(arguments, device)
+        compiled, out_layout = self._compiled(fixed, layout)
+        out_buffers, out_own = compiled(*arguments)
+        results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
+        results.update((name, np.asarray(value)) for name, value in out_own.items())
         return [
-            _declared(name, np.asarray(out), dtype)
-            for name, out, dtype in zip(self.output_names, outputs, self.output_dtypes, strict=True)
+            _declared(name, results[name], dtype)
+            for name, dtype in zip(self.output_names, self.output_dtypes, strict=True)
         ]
 
-    def _compiled(self, fixed: dict[str, np.ndarray]) -> Callable[..., Any]:
-        """The jitted graph, for the given values of the inputs read at compile time."""
-        if not fixed:
-            return self._jitted
-        key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(fixed.items()))
-        if key not in self._jitted_static:
+    @property
+    def compilations(self) -> int:
+        """How many times the graph has been compiled (once per input signature)."""
+        return sum(jitted._cache_size() for jitted, _ in self._compilations.values())
 
-            def run(feeds: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[Any, ...]:
-                return self.apply({**feeds, **fixed}, params)
+    def _compiled(self, fixed: dict[str, np.ndarray], layout: Layout) -> tuple[Any, list[Layout]]:
+        """The jitted graph for a packing of the feeds and values of the inputs read as shapes.
 
-            self._jitted_static[key] = jax.jit(run)
-        return self._jitted_static[key]
+        The second item holds the layout of the packed outputs once it has been traced.
+        """
+        key = (
+            layout,
+            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(fixed.items())),
+        )
+        if key not in self._compilations:
+            assert self._packed_params is not None
+            p_layout = self._packed_params[0]
+            out_layout: list[Layout] = []
+
+            def run(
+                buffers: list[Any], own: dict[str, Any], p_buffers: list[Any], p_own: dict[str, Any]
+            ) -> tuple[list[Any], dict[str, Any]]:
+                env: Env = dict(self.static)
+                env.update(unpack(p_layout, p_buffers))
+                env.update(p_own)
+                env.update(unpack(layout, buffers))
+                env.update(own)
+                env.update(fixed)
+                values = self._evaluate(env)
+                packed, out_buffers, out_own = outputs_of(values, self.output_names)
+                out_layout[:] = [packed]
+                return out_buffers, out_own
+
+            self._compilations[key] = (jax.jit(run), out_layout)
+        return self._compilations[key]
 
 
 def node_graph(node: Any) -> Any:

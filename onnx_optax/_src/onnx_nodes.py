@@ -9,6 +9,7 @@ required attributes, attribute types, input and output counts).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from onnx import helper
 
 from onnx_optax._src.checks import check_choice
 from onnx_optax._src.driver import Operator
+from onnx_optax._src.onnx_tensors import utf8
 from onnx_optax._src.registry import OPERATORS
 
 DOMAIN = "ai.onnx.preview.training"
@@ -100,8 +102,8 @@ def read_node(node: onnx.NodeProto) -> OptimizerNode:
     operator = OPERATORS[node.op_type]
     names = operator.attributes._fields
     attributes = schema_defaults(node.op_type)
-    given = [attribute.name for attribute in node.attribute]
-    repeated = sorted({name for name in given if given.count(name) > 1})
+    given = collections.Counter(attribute.name for attribute in node.attribute)
+    repeated = sorted(name for name, count in given.items() if count > 1)
     if repeated:
         raise ValueError(f"{where}: attribute(s) {', '.join(repeated)} given more than once")
     for attribute in node.attribute:
@@ -120,7 +122,9 @@ def read_node(node: onnx.NodeProto) -> OptimizerNode:
                 f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
             )
         value = helper.get_attribute_value(attribute)
-        attributes[name] = value.decode() if isinstance(value, bytes) else value
+        attributes[name] = (
+            utf8(value, f"{where}: attribute '{name}'") if isinstance(value, bytes) else value
+        )
     missing = [name for name in names if name not in attributes]
     if missing:
         raise ValueError(

@@ -17,6 +17,7 @@ compiles into one XLA computation.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
+from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 
@@ -370,6 +371,7 @@ def _constant_of_shape(node: Node, shape: Any) -> Any:
     if any(d < 0 for d in dims):
         raise ValueError(f"{node.where}: negative dimension in shape {dims}")
     if math.prod(dims) > 1 << 16:  # big fills are computed on the device, not embedded
+        refuse_narrowing(f"{node.where}: attribute 'value'", fill)
         return jnp.full(dims, fill[0], _canonical(fill.dtype))
     return np.full(dims, fill[0], fill.dtype)
 
@@ -1204,8 +1206,8 @@ def read_attributes(node: Any, opset: int, where: str) -> dict[str, Any]:
     for name, spec in schema.attributes.items():
         default = spec.default_value
         values[name] = _attribute_value(default, where) if default.type else None
-    names = [attribute.name for attribute in node.attribute]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    names = collections.Counter(attribute.name for attribute in node.attribute)
+    repeated = sorted(name for name, count in names.items() if count > 1)
     if repeated:
         raise ValueError(f"{where}: attribute(s) {', '.join(repeated)} given more than once")
     for attribute in node.attribute:
@@ -1248,9 +1250,9 @@ def _attribute_value(attribute: Any, where: str) -> Any:
         return attribute  # refused by the op that would read it
     value = helper.get_attribute_value(attribute)
     if isinstance(value, bytes):
-        return value.decode()
+        return utf8(value, f"{where}: attribute '{attribute.name}'")
     if kind == onnx.AttributeProto.STRINGS:
-        return [v.decode() for v in value]
+        return [utf8(v, f"{where}: attribute '{attribute.name}'") for v in value]
     if kind in (onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS):
         return list(value)
     return value

@@ -1,10 +1,15 @@
-"""Reading an ONNX ``TensorProto`` from a stranger's model, safely (needs ``onnx``).
+"""Values from a stranger's model on their way into JAX (``read_tensor`` needs ``onnx``).
 
 Every tensor a graph carries (initializers, Constant ``value``, ConstantOfShape
 ``value``, any other tensor attribute) is read by :func:`read_tensor`, the one
 place that turns a ``TensorProto`` into an array. It refuses external data (not
 loaded here), checks the byte count of ``raw_data`` against ``dims`` and the
 data type before converting, and refuses types XLA does not run.
+
+Host values stay numpy while a graph is traced (shape arithmetic in int64 is
+exact); :func:`refuse_narrowing` is the one check made where such a value
+becomes a JAX array, so an int64 beyond int32 is refused alike whether it came
+from an initializer, a Constant, a tensor attribute or a feed.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import numpy as np
+
+from onnx_optax._src.checks import refuse_truncation
 
 # Element types whose values a JAX array cannot hold.
 _REFUSED = {
@@ -42,6 +50,40 @@ def tensor_dtype(elem_type: int, where: str) -> np.dtype:
         raise ValueError(f"{where}: element type {name} ({_REFUSED[name]}) is not supported")
     _DTYPES[elem_type] = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     return _DTYPES[elem_type]
+
+
+def refuse_narrowing(what: str, array: np.ndarray) -> None:
+    """Refuses a host value that JAX cannot hold, or that 32-bit JAX would silently narrow.
+
+    Strings and objects are no tensors XLA computes. Without ``jax_enable_x64``
+    JAX holds int64 as int32, uint64 as uint32, float64 as float32 and
+    complex128 as complex64: values beyond the narrow type, and 64-bit float
+    tensors, are refused with the hint to enable 64-bit JAX.
+    """
+    dtype = np.dtype(array.dtype)
+    if dtype.kind in "OSUMm" or dtype.fields is not None:  # bfloat16 & co. are kind "V"
+        raise TypeError(
+            f"{what} has dtype {dtype}, which is not a numeric tensor; onnx_optax computes "
+            "numeric and boolean tensors only"
+        )
+    if jax.config.read("jax_enable_x64"):
+        return
+    refuse_truncation(what, array)  # float64 tensors, int64 beyond int32
+    hint = "enable 64-bit JAX (jax.config.update('jax_enable_x64', True))"
+    if dtype == np.uint64 and array.size and np.max(array) > np.iinfo(np.uint32).max:
+        raise ValueError(f"{what} holds uint64 values beyond uint32; {hint}")
+    if dtype == np.complex128 and np.ndim(array):
+        raise TypeError(f"{what} is complex128, which 32-bit JAX computes as complex64; {hint}")
+
+
+def utf8(value: bytes, what: str) -> str:
+    """A string attribute's bytes as text; a clear error naming ``what`` if they are not UTF-8."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{what} {value[:60]!r} is not valid UTF-8; ONNX names and strings are UTF-8 text"
+        ) from None
 
 
 def read_tensor(tensor: Any, where: str) -> np.ndarray:
