@@ -193,7 +193,7 @@ def attribute(model: onnx.ModelProto, data: st.DataObject, locations: list[str])
     index = data.draw(st.integers(0, len(node.attribute) - 1), label="attribute")
     attr = node.attribute[index]
     if change == "type":
-        attr.type = _one(data, [*range(0, 15), 99, -1], "type")
+        attr.type = _one(data, list(range(0, 15)), "type")  # protobuf refuses other values
     elif change == "value":
         new = helper.make_attribute(attr.name, _attribute_value(data))
         if data.draw(st.booleans(), label="keep the declared type"):
@@ -328,8 +328,36 @@ def structure(model: onnx.ModelProto, data: st.DataObject, locations: list[str])
     return f"graph {graph.name!r}: {part} {index} removed"
 
 
+def computed_size(model: onnx.ModelProto, data: st.DataObject, locations: list[str]) -> str:
+    """A node whose output size comes from stored values (a tiny file, a huge tensor), summed."""
+    op = _one(data, ["ConstantOfShape", "Range", "Expand", "Tile", "Reshape"], "op")
+    big = _one(data, [3, 0, -1, 2**16 + 1, 2**20, 2**31, 2**40, 2**62], "size")
+    rank = data.draw(st.integers(1, 3), label="rank")
+    shape = numpy_helper.from_array(np.full(rank, big, np.int64), "bomb.shape")
+    x = numpy_helper.from_array(np.ones(1 if op == "Expand" else 2, np.float32), "bomb.x")
+    if op == "Range":
+        limit = _one(data, [1e12, 3e9, math.inf, -math.inf, math.nan, 5.0], "limit")
+        delta = _one(data, [1.0, 1e-30, -1.0, 0.0, math.nan], "delta")
+        values = [np.float32(0), np.float32(limit), np.float32(delta)]
+        tensors = [numpy_helper.from_array(v, f"bomb.{i}") for i, v in enumerate(values)]
+        inputs = [t.name for t in tensors]
+    elif op == "ConstantOfShape":
+        tensors, inputs = [shape], [shape.name]
+    else:
+        tensors, inputs = [x, shape], [x.name, shape.name]
+    model.graph.initializer.extend(tensors)
+    model.graph.node.extend(
+        [
+            helper.make_node(op, inputs, ["bomb"]),
+            helper.make_node("ReduceSum", ["bomb"], ["bomb.sum"], keepdims=0),
+        ]
+    )
+    model.graph.output.append(helper.make_tensor_value_info("bomb.sum", TensorProto.FLOAT, []))
+    return f"{op}{tuple(inputs)} with {[numpy_helper.to_array(t).tolist() for t in tensors]}"
+
+
 FIELD = [tensor_type, tensor_data, tensor_external, tensor_value, value_info, attribute, rename,
-         operator, versions, binding, structure]  # fmt: skip
+         operator, versions, binding, structure, computed_size]  # fmt: skip
 
 
 def mutate_bytes(blob: bytes, model: onnx.ModelProto, data: st.DataObject) -> tuple[bytes, str]:
