@@ -310,10 +310,14 @@ def main(argv: list[str] | None = None) -> int:
             if RECORD:
                 RECORD[0].write_text("")
             signal.setitimer(signal.ITIMER_REAL, args.example_seconds)
+            # A hang inside C (protobuf, onnx, XLA) never returns to the alarm's handler:
+            # print every thread's stack and exit instead.
+            faulthandler.dump_traceback_later(args.example_seconds + 10, exit=True)
             try:
                 fuzz_case(folder, data)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+                faulthandler.cancel_dump_traceback_later()
             if timed_out:
                 timed_out.clear()
                 raise Hang(f"an example ran longer than {args.example_seconds} s")

@@ -40,16 +40,17 @@ def run_child(command: list[str], record: Path, timeout: float) -> str | None:
             command, cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as expired:
-        output = expired.stdout or b""
+        output = (expired.stdout or b"") + (expired.stderr or b"")
         tail = (output.decode() if isinstance(output, bytes) else output)[-4000:]
         return f"ran past {timeout} s (a hang); the running example:\n{record.read_text()}{tail}"
     if done.returncode == 0:
         return None
     tail = (done.stdout + done.stderr)[-12000:]
     if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name
-        return f"crashed ({name}); the running example:\n{record.read_text()}\n{tail}"
-    return f"exited {done.returncode}:\n{tail}"
+        what = f"crashed ({signal.Signals(-done.returncode).name})"
+    else:
+        what = f"exited {done.returncode}"
+    return f"{what}; the running example:\n{record.read_text()}\n{tail}"
 
 
 def test_mutated_models_end_in_a_result_or_a_documented_exception(tmp_path: Path) -> None:
@@ -64,7 +65,7 @@ def test_mutated_models_end_in_a_result_or_a_documented_exception(tmp_path: Path
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("import os; os.abort()", "crashed (SIGABRT)"),
+        ("import os; os.kill(os.getpid(), 9)", "crashed (SIGKILL)"),  # as a segfault, no core
         ("import time; time.sleep(60)", "ran past 1 s (a hang)"),
         ("raise SystemExit(1)", "exited 1"),
     ],
@@ -77,8 +78,25 @@ def test_the_runner_reports_a_crash_a_hang_and_a_failure(
     failure = run_child([sys.executable, "-c", code], record, timeout=1 if "sleep" in code else 60)
     assert failure is not None
     assert failure.startswith(expected), failure
-    if "exited" not in expected:
-        assert "seed: mlp" in failure
+    assert "the running example:\nseed: mlp" in failure
+
+
+def test_an_example_past_its_time_limit_fails_the_run(tmp_path: Path) -> None:
+    record = tmp_path / "running-example.txt"
+    code = (
+        "import sys, time, tests.fuzz_models as fuzz\n"
+        "def hang(folder, data):\n"
+        "    fuzz._note('seed: mlp')\n"
+        "    time.sleep(60)\n"
+        "fuzz.fuzz_case = hang\n"
+        "sys.exit(fuzz.main(sys.argv[1:]))\n"
+    )
+    limits = ["--examples", "1", "--example-seconds", "1", "--memory-gib", "0"]
+    command = [sys.executable, "-c", code, *limits, "--last", str(record)]
+    failure = run_child(command, record, timeout=120)
+    assert failure is not None
+    assert failure.startswith("exited 1; the running example:\nseed: mlp"), failure
+    assert "Hang: an example ran longer than 1.0 s" in failure
 
 
 @pytest.fixture
