@@ -338,7 +338,7 @@ def computed_size(model: onnx.ModelProto, data: st.DataObject, locations: list[s
     if op == "Range":
         limit = _one(data, [1e12, 3e9, math.inf, -math.inf, math.nan, 5.0], "limit")
         delta = _one(data, [1.0, 1e-30, -1.0, 0.0, math.nan], "delta")
-        values = [np.float32(0), np.float32(limit), np.float32(delta)]
+        values = [np.array(v, np.float32) for v in (0.0, limit, delta)]
         tensors = [numpy_helper.from_array(v, f"bomb.{i}") for i, v in enumerate(values)]
         inputs = [t.name for t in tensors]
     elif op == "ConstantOfShape":

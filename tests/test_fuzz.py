@@ -6,8 +6,9 @@ checker or XLA) or a hang would otherwise take pytest down with it or never
 end. The child gives each example a time limit (an alarm) and itself a memory
 limit; this test gives the child a time limit and reports the running example
 of a child that crashed or hung. The examples are derandomized, so CI sees the
-same ones every run; ``FUZZ_EXAMPLES=2000`` runs more (``FUZZ_SEED=7`` another
-stream), and ``python -m tests.fuzz_models --help`` runs it by hand.
+same 250 every run (about 30 s on 2 cores); ``FUZZ_EXAMPLES=2000`` runs more
+(``FUZZ_SEED=7`` another stream), and ``python -m tests.fuzz_models --help``
+runs it by hand.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from onnx_optax import training
 from tests import fuzz_models
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
-CHILD_SECONDS = 300 + 2 * EXAMPLES  # the CI run takes well under a minute
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
+CHILD_SECONDS = 300 + 2 * EXAMPLES  # 250 examples take about 30 s on 2 cores
 
 
 def run_child(command: list[str], record: Path, timeout: float) -> str | None:
@@ -53,6 +54,14 @@ def run_child(command: list[str], record: Path, timeout: float) -> str | None:
     return f"{what}; the running example:\n{record.read_text()}\n{tail}"
 
 
+# Known findings on b49dea6, each to be fixed in the library, not accepted here: this test fails
+# until they are. prepare lets onnx.checker.ValidationError through (the first CI example: a
+# flipped ir_version byte); a node of domain "ai.onnx" raises onnx.defs.SchemaError; check()
+# raises AttributeError for Gradient xs given as ints, IndexError for T bound to a non-output,
+# an opaque TypeError for a non-scalar stored T (a traceback from the CLI); ConstantOfShape
+# without `value` raises IndexError; Range raises OverflowError (inf) or MemoryError (1e12);
+# Expand to [2**62] behind a graph input with a symbolic dim aborts the process in XLA (SIGABRT),
+# and Expand to [2**20, 2**20] summed makes prepare run for hours.
 def test_mutated_models_end_in_a_result_or_a_documented_exception(tmp_path: Path) -> None:
     record = tmp_path / "running-example.txt"
     command = [sys.executable, "-m", "tests.fuzz_models", "--examples", str(EXAMPLES)]
