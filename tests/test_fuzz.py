@@ -1,0 +1,196 @@
+"""Hostile model files, fuzzed: mutated models end in a result or a documented exception.
+
+The fuzzer (``tests/fuzz_models.py``, mutations in ``tests/fuzz_mutations.py``)
+runs in a child process: a crash (a signal, say a segfault in protobuf, onnx's
+checker or XLA) or a hang would otherwise take pytest down with it or never
+end. The child gives each example a time limit (an alarm) and itself a memory
+limit; this test gives the child a time limit and reports the running example
+of a child that crashed or hung. The examples are derandomized, so CI sees the
+same 250 every run (about 30 s on 2 cores); ``FUZZ_EXAMPLES=2000`` runs more
+(``FUZZ_SEED=7`` another stream), and ``python -m tests.fuzz_models --help``
+runs it by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_optax import training
+from tests import fuzz_models
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
+CHILD_SECONDS = 300 + 2 * EXAMPLES  # 250 examples take about 30 s on 2 cores
+
+
+def run_child(command: list[str], record: Path, timeout: float) -> str | None:
+    """Runs ``command``; None if it exited 0, else what went wrong and the running example."""
+    paths = [str(REPOSITORY), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    record.write_text("")
+    try:
+        done = subprocess.run(
+            command, cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = (expired.stdout or b"") + (expired.stderr or b"")
+        tail = (output.decode() if isinstance(output, bytes) else output)[-4000:]
+        return f"ran past {timeout} s (a hang); the running example:\n{record.read_text()}{tail}"
+    if done.returncode == 0:
+        return None
+    tail = (done.stdout + done.stderr)[-12000:]
+    if done.returncode < 0:
+        what = f"crashed ({signal.Signals(-done.returncode).name})"
+    else:
+        what = f"exited {done.returncode}"
+    return f"{what}; the running example:\n{record.read_text()}\n{tail}"
+
+
+# Known findings on b49dea6, each to be fixed in the library, not accepted here: this test fails
+# until they are. prepare lets onnx.checker.ValidationError through (the first CI example: a
+# flipped ir_version byte); a node of domain "ai.onnx" raises onnx.defs.SchemaError; check()
+# raises AttributeError for Gradient xs given as ints, IndexError for T bound to a non-output,
+# an opaque TypeError for a non-scalar stored T (a traceback from the CLI); ConstantOfShape
+# without `value` raises IndexError; Range raises OverflowError (inf) or MemoryError (1e12);
+# Expand to [2**62] behind a graph input with a symbolic dim aborts the process in XLA (SIGABRT),
+# and Expand to [2**20, 2**20] summed makes prepare run for hours.
+def test_mutated_models_end_in_a_result_or_a_documented_exception(tmp_path: Path) -> None:
+    record = tmp_path / "running-example.txt"
+    command = [sys.executable, "-m", "tests.fuzz_models", "--examples", str(EXAMPLES)]
+    if "FUZZ_SEED" in os.environ:
+        command += ["--seed", os.environ["FUZZ_SEED"]]
+    failure = run_child([*command, "--last", str(record)], record, CHILD_SECONDS)
+    assert failure is None, failure
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import os; os.kill(os.getpid(), 9)", "crashed (SIGKILL)"),  # as a segfault, no core
+        ("import time; time.sleep(60)", "ran past 1 s (a hang)"),
+        ("raise SystemExit(1)", "exited 1"),
+    ],
+)
+def test_the_runner_reports_a_crash_a_hang_and_a_failure(
+    tmp_path: Path, source: str, expected: str
+) -> None:
+    record = tmp_path / "running-example.txt"
+    code = f"open({str(record)!r}, 'w').write('seed: mlp\\n'); {source}"
+    failure = run_child([sys.executable, "-c", code], record, timeout=1 if "sleep" in code else 60)
+    assert failure is not None
+    assert failure.startswith(expected), failure
+    assert "the running example:\nseed: mlp" in failure
+
+
+def test_an_example_past_its_time_limit_fails_the_run(tmp_path: Path) -> None:
+    record = tmp_path / "running-example.txt"
+    code = (
+        "import sys, time, tests.fuzz_models as fuzz\n"
+        "def hang(folder, data):\n"
+        "    fuzz._note('seed: mlp')\n"
+        "    time.sleep(60)\n"
+        "fuzz.fuzz_case = hang\n"
+        "sys.exit(fuzz.main(sys.argv[1:]))\n"
+    )
+    limits = ["--examples", "1", "--example-seconds", "1", "--memory-gib", "0"]
+    command = [sys.executable, "-c", code, *limits, "--last", str(record)]
+    failure = run_child(command, record, timeout=120)
+    assert failure is not None
+    assert failure.startswith("exited 1; the running example:\nseed: mlp"), failure
+    assert "Hang: an example ran longer than 1.0 s" in failure
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> fuzz_models.Folder:
+    folder = fuzz_models.Folder(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return folder
+
+
+# What each entry point does with each unmutated seed: the fuzzer starts from models that
+# reach the end of every entry point it means to test, not from models refused at once.
+SEED_OUTCOMES = {
+    "mlp": {
+        "backend.prepare": "ok",
+        "rep.run": "ok",
+        "interop.from_model": "ValueError",  # no training_info
+        "training.check": "ok",  # returns the problem
+        "training.Session": "TrainingModelError",
+        "backend.run_node": "ok",
+        "interop.from_node": "UnsupportedOperatorError",  # MatMul is no optimizer
+        "cli check": "1",
+        "cli train": "1",
+    },
+    "trainable": {
+        "backend.prepare": "ok",
+        "rep.run": "ok",
+        "interop.from_model": "ok",
+        "training.check": "ok",
+        "training.Session": "ok",
+        "Session.step": "ok",
+        "backend.run_node": "ok",
+        "interop.from_node": "UnsupportedOperatorError",
+        "cli check": "0",
+        "cli train": "0",
+    },
+    "optimizer": {
+        "backend.prepare": "ok",
+        "rep.run": "ok",
+        "interop.from_model": "ok",
+        "training.check": "ok",
+        "training.Session": "ok",
+        "Session.step": "ok",
+        "backend.run_node": "ok",
+        "interop.from_node": "ok",
+        "cli check": "0",
+        "cli train": "2",  # a step feeds the gradient 'w.grad', not rows of data
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEED_OUTCOMES))
+def test_the_seeds_reach_every_entry_point(folder: fuzz_models.Folder, name: str) -> None:
+    blob = fuzz_models.seeds()[name]
+    folder.path.write_bytes(blob)
+    node = 1 if name == "optimizer" else 0  # the Adagrad node of the optimizer model
+    outcomes = fuzz_models.exercise(onnx.ModelProto.FromString(blob), folder, node=node)
+    assert outcomes == SEED_OUTCOMES[name]
+
+
+def test_an_undocumented_exception_propagates(
+    folder: fuzz_models.Folder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def check(model: object) -> list[str]:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(training, "check", check)
+    folder.path.write_bytes(fuzz_models.seeds()["mlp"])
+    with pytest.raises(KeyError, match="a bug"):
+        fuzz_models.exercise(str(folder.path), folder, run_cli=False)
+
+
+def test_a_leaked_canary_is_a_failure(
+    folder: fuzz_models.Folder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def check(model: object) -> list[str]:
+        raise ValueError((folder.root / "secret.bin").read_bytes().decode())
+
+    monkeypatch.setattr(training, "check", check)
+    folder.path.write_bytes(fuzz_models.seeds()["mlp"])
+    with pytest.raises(AssertionError, match="leaked the canary"):
+        fuzz_models.exercise(str(folder.path), folder, run_cli=False)
+
+
+def test_the_folder_holds_links_out_of_it(folder: fuzz_models.Folder) -> None:
+    secret = (folder.root / "secret.bin").read_bytes()
+    assert (folder.model / "wlink.bin").read_bytes() == secret
+    assert (folder.model / "link" / "secret.bin").read_bytes() == secret
+    assert np.array_equal(np.load(folder.data)["t"], np.ones((4, 2), np.float32))
