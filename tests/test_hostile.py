@@ -201,3 +201,40 @@ def test_a_repeated_attribute_is_refused(op_type: str) -> None:
         inputs = [np.float32(0.1), np.int64(0), x, x, x]
     with pytest.raises(ValueError, match="given more than once"):
         backend.run_node(node, inputs)
+
+
+@pytest.mark.usefixtures("canary_cwd")
+def test_an_external_constant_in_the_count_never_reaches_an_error() -> None:
+    """The T + 1 of a training model as a Constant whose value is external data."""
+    model = _trained_model()
+    algorithm = model.training_info[0].algorithm
+    (constant,) = [n for n in algorithm.node if n.op_type == "Constant"]
+    _external(constant.attribute[0].t, "canary.bin")
+    with pytest.raises(ValueError, match="no folder to read external data from") as info:
+        interop.from_model(model)
+    assert "CANARY" not in str(info.value)
+
+
+def test_training_info_external_data_is_read_from_the_model_folder_only(tmp_path: Path) -> None:
+    """onnx.load leaves training_info's external data unloaded; the loading layer reads it,
+    from inside the folder, for every entry point that takes a path."""
+    from onnx_optax import training
+
+    model = _trained_model()
+    (constant,) = [n for n in model.training_info[0].algorithm.node if n.op_type == "Constant"]
+    one = constant.attribute[0].t
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "canary.bin").write_bytes(np.int64(2**40 + 7).tobytes())
+    (folder / "one.bin").write_bytes(np.int64(1).tobytes())
+    _external(one, "one.bin")
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert interop.from_model(str(path)).T == 0
+    assert training.check(str(path)) == []
+    one.external_data[0].value = "../canary.bin"
+    path.write_bytes(model.SerializeToString())
+    for read in (interop.from_model, training.check, training.Session, backend.prepare):
+        with pytest.raises(ValueError, match="leaves the model's folder") as info:
+            read(str(path))
+        assert str(2**40 + 7) not in str(info.value)
