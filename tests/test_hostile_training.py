@@ -188,3 +188,15 @@ def test_train_on_data_that_is_not_an_npz_exits_2(
     assert status == 2
     assert err.startswith(f"onnx-optax train: cannot read the data {str(data)!r}")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", [b"wQ", b"wQ.new", b"wQ.h"])
+def test_names_that_are_not_utf8_are_refused_by_name(name: bytes) -> None:
+    tx = onnx_optax.adagrad(0.1)
+    params = {"wQ": np.ones(3, np.float32)}
+    serialized = interop.to_model(tx, params, tx.init(params)).SerializeToString()
+    hostile = serialized.replace(name, name.replace(b"Q", b"\xff"))
+    assert hostile != serialized
+    for entry in (training.check, training.Session, interop.from_model):
+        with pytest.raises(ValueError, match="not valid UTF-8"):
+            entry(hostile)
