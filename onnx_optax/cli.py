@@ -3,8 +3,9 @@
 
 Exit status: 0 success (every conformance case passes), 1 a check failed (a
 conformance case, a training model's problems), 2 a usage error (a file that
-cannot be read, data that do not fit the model) or a missing optional dependency. With no
-command, ``onnx-optax`` prints its help and exits 2.
+cannot be read, a model the command cannot read or check, data that do not fit
+the model) or a missing optional dependency. With no command, ``onnx-optax``
+prints its help and exits 2.
 """
 
 from __future__ import annotations

@@ -254,10 +254,10 @@ def check(model: Any) -> list[str]:
     Gradient ``xs`` are initializers or inputs, none of them an initializer
     that is not a weight (an integer one, BatchNormalization's running mean or
     variance, one read only as a shape: see :func:`attach`), and ``y`` names
-    a tensor; each
-    optimizer node's parameters and state stored as initializers are bound to
-    its outputs and a stored T to T + 1; the algorithm traces on its
-    declared inputs. Each message names the entry and the node or binding.
+    a tensor; each optimizer node's parameters and state stored as
+    initializers are bound to its outputs and a stored T (an int64 scalar) to
+    T + 1; the algorithm traces on its declared inputs. Each message names the
+    entry and the node or binding.
     """
     model = as_model(model)
     if not model.training_info:
