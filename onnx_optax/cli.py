@@ -3,8 +3,9 @@
 
 Exit status: 0 success (every conformance case passes), 1 a check failed (a
 conformance case, a training model's problems), 2 a usage error (a file that
-cannot be read, data that do not fit the model) or a missing optional dependency. With no
-command, ``onnx-optax`` prints its help and exits 2.
+cannot be read, a model the command cannot read or check, data that do not fit
+the model) or a missing optional dependency. With no command, ``onnx-optax``
+prints its help and exits 2.
 """
 
 from __future__ import annotations
@@ -149,7 +150,11 @@ def _attach(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     training = _training()
-    problems = training.check(_read_model(training, args.model))
+    model = _read_model(training, args.model)
+    try:
+        problems = training.check(model)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        raise UsageError(f"{args.model}: {error}") from None
     for problem in problems:
         print(problem)
     if problems:
@@ -174,10 +179,18 @@ def _train(args: argparse.Namespace) -> int:
     except training.TrainingModelError as error:
         print(str(error), file=sys.stderr)
         return EXIT_FAILED
+    except (TypeError, ValueError, NotImplementedError) as error:
+        raise UsageError(f"{args.model}: {error}") from None
     if not pathlib.Path(args.data).is_file():
         raise UsageError(f"cannot read the data {args.data!r}: no such file")
-    with np.load(args.data, allow_pickle=False) as npz:
-        data = {name: npz[name] for name in npz.files}
+    try:
+        npz = np.load(args.data, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise ValueError("it is a single array, not an .npz file of named arrays")
+        with npz:
+            data = {name: npz[name] for name in npz.files}
+    except Exception as error:  # a stranger's file: any parse failure is a usage error
+        raise UsageError(f"cannot read the data {args.data!r}: {error}") from None
     missing = [n for n in session.inputs if n not in data]
     if missing:
         raise UsageError(
@@ -201,7 +214,7 @@ def _train(args: argparse.Namespace) -> int:
         position += args.batch_size
         try:
             outputs = session.step({n: v[index] for n, v in data.items()})
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, NotImplementedError) as error:
             raise UsageError(f"{args.data}: {error}") from None
         if step == 1 or step == args.steps or step % args.log_every == 0:
             shown = " ".join(f"{k}={float(np.mean(v)):.6g}" for k, v in outputs.items())

@@ -13,7 +13,7 @@ from onnx import helper
 from onnx_optax._src.graph import GRADIENT, GraphFunction
 from onnx_optax._src.onnx_graph import increment_problem
 from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
-from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.registry import OPERATORS
 from onnx_optax.training._combined import Entry
 from onnx_optax.training._frozen import not_weights, trained_non_weights
@@ -114,9 +114,11 @@ def _entry_problems(
     excluded = not_weights(main, initializers)
     for node in algorithm.node:
         if node.domain == DOMAIN and node.op_type == GRADIENT:
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            xs = [x.decode() for x in attrs.get("xs", [])]
-            y = attrs.get("y", b"").decode()
+            try:
+                xs, y = _gradient_names(node)
+            except ValueError as error:
+                problems.append(f"{where}: {error}")
+                continue
             bad = [x for x in xs if x not in sources]
             if bad:
                 problems.append(
@@ -166,6 +168,30 @@ def _entry_problems(
     return problems
 
 
+def _gradient_names(node: onnx.NodeProto) -> tuple[list[str], str]:
+    """A Gradient node's ``xs`` and ``y``, each of its declared type (STRINGS, STRING)."""
+    kinds = {"xs": onnx.AttributeProto.STRINGS, "y": onnx.AttributeProto.STRING}
+    found: dict[str, Any] = {}
+    for attribute in node.attribute:
+        kind = kinds.get(attribute.name)
+        if kind is None:
+            continue
+        if attribute.type != kind:
+            raise ValueError(
+                f"{describe(node)}: attribute '{attribute.name}' must be of type "
+                f"{onnx.AttributeProto.AttributeType.Name(kind)}, got "
+                f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+            )
+        value = helper.get_attribute_value(attribute)
+        what = f"{describe(node)}: attribute '{attribute.name}'"
+        found[attribute.name] = (
+            [utf8(v, what) for v in value]
+            if kind == onnx.AttributeProto.STRINGS
+            else utf8(value, what)
+        )
+    return found.get("xs", []), found.get("y", "")
+
+
 def _optimizer_problems(
     where: str,
     proto: onnx.NodeProto,
@@ -193,13 +219,19 @@ def _optimizer_problems(
     T = node.inputs[1]
     if T in initializers:
         output = binding.get(T)
-        if output is None:
+        T_stored = initializers[T]
+        if T_stored.shape != () or T_stored.dtype != np.int64:
+            problems.append(
+                f"{where}: T ('{T}') of {node.description} is stored as a "
+                f"{T_stored.dtype}{list(T_stored.shape)} initializer; it must be an int64 scalar"
+            )
+        elif output is None:
             problems.append(
                 f"{where}: T ('{T}') of {node.description} is stored as an initializer but "
                 "update_binding does not update it: bind it to T + 1"
             )
         else:
-            T_now = int(np.asarray(initializers[T]))
+            T_now = int(T_stored)
             constants = {n: v for n, v in initializers.items() if n not in binding}
             try:
                 problem = increment_problem(algorithm, T, T_now, output, constants)
@@ -222,10 +254,10 @@ def check(model: Any) -> list[str]:
     Gradient ``xs`` are initializers or inputs, none of them an initializer
     that is not a weight (an integer one, BatchNormalization's running mean or
     variance, one read only as a shape: see :func:`attach`), and ``y`` names
-    a tensor; each
-    optimizer node's parameters and state stored as initializers are bound to
-    its outputs and a stored T to T + 1; the algorithm traces on its
-    declared inputs. Each message names the entry and the node or binding.
+    a tensor; each optimizer node's parameters and state stored as
+    initializers are bound to its outputs and a stored T (an int64 scalar) to
+    T + 1; the algorithm traces on its declared inputs. Each message names the
+    entry and the node or binding.
     """
     model = as_model(model)
     if not model.training_info:
