@@ -678,3 +678,24 @@ def test_an_external_location_with_a_nul_character_names_the_tensor(tmp_path: Pa
     )
     with pytest.raises(ValueError, match=r"tensor 'w' .*NUL character"):
         backend.prepare(model, base_dir=tmp_path)
+
+
+def test_a_graph_the_device_memory_cannot_hold_is_a_value_error() -> None:
+    # The fuzzer (4 GiB address space): an 8 GiB ConstantOfShape under the 16 GiB limit
+    # ended in jax's RESOURCE_EXHAUSTED JaxRuntimeError.
+    script = """
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        import numpy as np
+        from onnx import helper
+        from onnx_optax import backend
+
+        node = helper.make_node("ConstantOfShape", ["shape"], ["y"])
+        try:
+            backend.run_node(node, [np.array([2**31], np.int64)])
+            print("RESULT ran")
+        except ValueError as error:
+            print("RESULT ValueError", error)
+    """
+    found = _outcome(script)
+    assert re.search(r"RESULT ValueError .*does not fit in the device's memory", found), found

@@ -665,7 +665,16 @@ class GraphFunction:
         if device is not None:
             arguments = jax.device_put(arguments, device)
         compiled, out_layout = self._compiled(fixed, layout)
-        out_buffers, out_own = compiled(*arguments)
+        try:
+            out_buffers, out_own = compiled(*arguments)
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            raise ValueError(
+                f"the graph of outputs {list(self.output_names)} does not fit in the device's "
+                f"memory ({str(error).splitlines()[0]}); feed smaller inputs, or lower "
+                "limits=Limits(tensor_bytes=...) to have the node that grows so large named"
+            ) from None
         results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
         results.update((name, np.asarray(value)) for name, value in out_own.items())
         return [
