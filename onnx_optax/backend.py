@@ -90,11 +90,13 @@ def _node_function(serialized: bytes) -> GraphFunction:
 class OnnxOptaxRep(BackendRep):
     """A prepared model: ``run(inputs)`` with a list in graph-input order or a dict."""
 
-    def __init__(self, model: Any, device: str) -> None:
+    def __init__(
+        self, model: Any, device: str, max_bytes: int = DEFAULT_LIMITS.tensor_bytes
+    ) -> None:
         self.model = model
         self.device = _jax_device(device)
         opsets = {o.domain: o.version for o in model.opset_import}
-        self.graph = GraphFunction(model.graph, opsets=opsets)
+        self.graph = GraphFunction(model.graph, opsets=opsets, max_bytes=max_bytes)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -150,7 +152,7 @@ class OnnxOptaxBackend(Backend):
             onnx.checker.check_model(model)
         except onnx.checker.ValidationError as error:
             raise ValueError(f"the model is not valid ONNX (onnx.checker): {error}") from None
-        return OnnxOptaxRep(model, device)
+        return OnnxOptaxRep(model, device, limits.tensor_bytes)
 
     @classmethod
     def run_node(

@@ -480,3 +480,222 @@ def test_a_million_nodes_are_refused_and_a_long_chain_under_the_limit_runs() -> 
     model = _model(chain, [_vi("t0", F32, [3])], [_vi(f"t{n}", F32, [3])])
     (y,) = backend.prepare(model).run([np.array([-1.0, 0.0, 2.5], np.float32)])
     np.testing.assert_array_equal(y, [1.0, -0.0, -2.5])
+
+
+# ----------------------------------------------------------------------------- 6. fuzzer findings
+
+OPSET21 = [helper.make_opsetid("", 21)]
+LIMIT_HINT = r"limits=Limits\(tensor_bytes=\.\.\.\)"
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(value, name))
+
+
+def _graph_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=initializers)
+    return helper.make_model(graph, opset_imports=OPSET21)
+
+
+def test_the_default_domain_may_be_spelled_ai_onnx() -> None:
+    # F2: "ai.onnx" is the default domain's other name; its schema lookup raised SchemaError.
+    x = np.array([-1.0, 2.0], np.float32)
+    node = helper.make_node("Relu", ["x"], ["y"], domain="ai.onnx")
+    (y,) = backend.run_node(node, [x])
+    np.testing.assert_array_equal(y, np.maximum(x, 0.0))
+
+
+def test_constant_of_shape_without_value_fills_float32_zeros() -> None:
+    # F4: the default value (a float32 zero) raised IndexError.
+    node = helper.make_node("ConstantOfShape", ["shape"], ["y"])
+    shape = np.array([2, 3], np.int64)
+    (y,) = backend.run_node(node, [shape])
+    model = _graph_model([_constant("shape", shape), node], [], [_vi("y", F32, [2, 3])])
+    from onnx.reference import ReferenceEvaluator
+
+    (want,) = ReferenceEvaluator(model).run(None, {})
+    assert y.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(y, want)
+    many = onnx.numpy_helper.from_array(np.ones(2, np.float32), "value")
+    wrong = helper.make_node("ConstantOfShape", ["shape"], ["y"], value=many)
+    with pytest.raises(ValueError, match=r"ConstantOfShape.*'value' must hold one element, got 2"):
+        backend.run_node(wrong, [shape])
+
+
+def _range_model(limit: float) -> onnx.ModelProto:
+    nodes = [
+        _constant("start", np.array(0.0, np.float32)),
+        _constant("limit", np.array(limit, np.float32)),
+        _constant("delta", np.array(1.0, np.float32)),
+        helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="r"),
+    ]
+    return _graph_model(nodes, [], [_vi("y", F32, ["n"])])
+
+
+@pytest.mark.parametrize("limit", [np.inf, -np.inf, np.nan])
+def test_range_with_a_limit_that_is_not_finite_is_refused(limit: float) -> None:
+    # F5: an infinite limit raised OverflowError.
+    with pytest.raises(
+        ValueError, match=r"node 'r' \(ai\.onnx\.Range\).*no finite number of elements"
+    ):
+        backend.prepare(_range_model(limit)).run([])
+
+
+def _outcome(script: str) -> str:
+    """Runs ``script`` in a fresh interpreter under a 4 GB data limit.
+
+    A hang, an abort or a huge allocation (before the fixes) must not take pytest down.
+    """
+    root = Path(__file__).parent.parent
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", limit + textwrap.dedent(script)],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_range_larger_than_the_tensor_limit_is_refused_before_allocating() -> None:
+    # F6: limit 3e9 allocated 22 GiB (MemoryError, or the machine swapping).
+    script = """
+        import numpy as np
+        from onnx_optax import backend
+        from tests.test_hostile_graph import _range_model
+
+        try:
+            backend.prepare(_range_model(3e9)).run([])
+            print("RESULT ran")
+        except ValueError as error:
+            print("RESULT ValueError", error)
+    """
+    found = _outcome(script)
+    assert re.search(rf"RESULT ValueError .*node 'r' \(ai\.onnx\.Range\).*{LIMIT_HINT}", found)
+    (y,) = backend.prepare(_range_model(5.0)).run([])
+    np.testing.assert_array_equal(y, np.arange(5, dtype=np.float32))
+
+
+def _expand_sum_script(shape: list[int], symbolic_input: bool, constants: bool) -> str:
+    """A script running Expand(ones(1), shape) -> ReduceSum, printing the outcome.
+
+    With ``constants`` x and shape are Constant nodes (host values, folded while tracing).
+    """
+    return textwrap.dedent(
+        f"""
+        import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
+        from onnx_optax import backend
+
+        nodes = [
+            helper.make_node("Expand", ["x", "shape"], ["e"], name="grow"),
+            helper.make_node("ReduceSum", ["e"], ["s"], keepdims=0),
+        ]
+        inputs, outputs = [], [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])]
+        if {symbolic_input}:
+            nodes.append(helper.make_node("Relu", ["n"], ["y"]))
+            inputs = [helper.make_tensor_value_info("n", TensorProto.FLOAT, ["N"])]
+            outputs.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"]))
+        inits = [
+            numpy_helper.from_array(np.ones(1, np.float32), "x"),
+            numpy_helper.from_array(np.array({shape}, np.int64), "shape"),
+        ]
+        if {constants}:
+            nodes[:0] = [helper.make_node("Constant", [], [t.name], value=t) for t in inits]
+            inits = []
+        graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        try:
+            rep = backend.prepare(model)
+            rep.run([np.ones(2, np.float32)] if {symbolic_input} else [])
+            print("RESULT ran")
+        except ValueError as error:
+            print("RESULT ValueError", error)
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "symbolic_input", "constants"),
+    [([2**20, 2**20], False, False), ([2**20, 2**20], False, True), ([2**62], True, False)],
+    ids=["hang-folding-2**40", "hang-folding-constants", "xla-abort-2**62"],
+)
+def test_an_expanded_shape_over_the_limit_is_refused_quickly(
+    shape: list[int], symbolic_input: bool, constants: bool
+) -> None:
+    # F9: folding ReduceSum over a broadcast view of 2**40 elements ran for hours;
+    # F10: a shape of 2**62 elements reached XLA, which aborted the process.
+    found = _outcome(_expand_sum_script(shape, symbolic_input, constants))
+    assert re.search(
+        rf"RESULT ValueError .*node 'grow' \(ai\.onnx\.Expand\).*over the limit.*{LIMIT_HINT}",
+        found,
+    )
+
+
+def test_an_omitted_required_input_is_refused_with_its_position() -> None:
+    # F11: MatMul with an empty first input raised AttributeError on None.shape.
+    node = helper.make_node("MatMul", ["", "w"], ["y"], name="mm")
+    with pytest.raises(
+        ValueError, match=r"node 'mm' \(ai\.onnx\.MatMul\).*input 0 is omitted.*optional"
+    ):
+        backend.run_node(node, [np.ones((2, 2), np.float32)])
+    # An optional input may still be left out: Clip without min.
+    x = np.array([-2.0, 0.5, 3.0], np.float32)
+    clip = helper.make_node("Clip", ["x", "", "high"], ["y"])
+    (y,) = backend.run_node(clip, [x, np.array(1.0, np.float32)])
+    np.testing.assert_array_equal(y, np.minimum(x, 1.0))
+
+
+def test_feed_names_that_are_not_str_are_refused() -> None:
+    # Mixed bytes and str feed names gave "Comparator raised exception while sorting".
+    model = _graph_model(
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+        [_vi("a", F32, [2]), _vi("b", F32, [2])],
+        [_vi("y", F32, [2])],
+    )
+    feeds = {"a": np.ones(2, np.float32), b"b": np.ones(2, np.float32)}
+    with pytest.raises(TypeError, match=r"input names must be str, got \[b'b'\]"):
+        backend.prepare(model).run(feeds)
+
+
+def test_an_external_location_with_a_nul_character_names_the_tensor(tmp_path: Path) -> None:
+    # A location holding "\x00" gave a bare "embedded null byte".
+    weight = _external(helper.make_tensor("w", F32, [4], [0.0] * 4), "w\x00.bin")
+    model = _model(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        [_vi("x", F32, [4])],
+        [_vi("y", F32, [4])],
+        [weight],
+    )
+    with pytest.raises(ValueError, match=r"tensor 'w' .*NUL character"):
+        backend.prepare(model, base_dir=tmp_path)
+
+
+def test_a_graph_the_device_memory_cannot_hold_is_a_value_error() -> None:
+    # The fuzzer (4 GiB address space): an 8 GiB ConstantOfShape under the 16 GiB limit
+    # ended in jax's RESOURCE_EXHAUSTED JaxRuntimeError.
+    script = """
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        import numpy as np
+        from onnx import helper
+        from onnx_optax import backend
+
+        node = helper.make_node("ConstantOfShape", ["shape"], ["y"])
+        try:
+            backend.run_node(node, [np.array([2**31], np.int64)])
+            print("RESULT ran")
+        except ValueError as error:
+            print("RESULT ValueError", error)
+    """
+    found = _outcome(script)
+    assert re.search(r"RESULT ValueError .*does not fit in the device's memory", found), found

@@ -40,7 +40,16 @@ from onnx_optax._src.onnx_nodes import (
     describe,
     read_node,
 )
-from onnx_optax._src.onnx_ops import OPS, STANDARD_DOMAINS, Node, is_static, read_attributes
+from onnx_optax._src.onnx_ops import (
+    MAX_TENSOR_BYTES,
+    OPS,
+    STANDARD_DOMAINS,
+    Node,
+    check_omitted_inputs,
+    check_size,
+    is_static,
+    read_attributes,
+)
 from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
 
 GRADIENT = "Gradient"
@@ -114,11 +123,13 @@ class _StandardStep(_Step):
         super().__init__(graph, node)
         opset = graph.opsets.get("", latest_opset())
         self.op = OPS[node.op_type]
+        check_omitted_inputs(node, opset, self.where)
         self.info = Node(
             attrs=read_attributes(node, opset, self.where),
             opset=opset,
             where=self.where,
             n_outputs=len(node.output),
+            max_bytes=graph.max_bytes,
         )
 
     def run(self, env: Env) -> None:
@@ -143,6 +154,9 @@ class _StandardStep(_Step):
             raise _wrap(self.where, error) from None
         if not isinstance(results, tuple):
             results = (results,)
+        for name, value in zip(self.outputs, results, strict=False):
+            if value is not None:  # before XLA sees the shape or a later op reads it
+                check_size(self.info, np.shape(value), value.dtype, f"output '{name}'")
         if not traced and not all(r is None or is_static(r) for r in results):
             self._refuse_narrowing(args)  # the op computed host values in JAX
         for name, value in zip(self.outputs, results, strict=False):
@@ -351,7 +365,8 @@ class GraphFunction:
 
     ``outer_values`` are values the graph reads from outside (a training
     algorithm reads the main graph's initializers); ``opsets`` maps a domain
-    ('' for ai.onnx) to the model's opset version (default: the newest).
+    ('' for ai.onnx) to the model's opset version (default: the newest);
+    ``max_bytes`` bounds every tensor a standard node computes (``Limits.tensor_bytes``).
     """
 
     def __init__(
@@ -361,7 +376,9 @@ class GraphFunction:
         outer_values: Mapping[str, Any] | None = None,
         outputs: Sequence[str] | None = None,
         opsets: Mapping[str, int] | None = None,
+        max_bytes: int = MAX_TENSOR_BYTES,
     ) -> None:
+        self.max_bytes = max_bytes
         self.opsets = {
             ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
         }
@@ -611,6 +628,11 @@ class GraphFunction:
 
     def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
         if isinstance(inputs, Mapping):
+            odd = [name for name in inputs if not isinstance(name, str)]
+            if odd:
+                raise TypeError(
+                    f"input names must be str, got {odd[:3]!r}; the graph takes {self.input_names}"
+                )
             missing = [name for name in self.input_names if name not in inputs]
             if missing:
                 raise ValueError(f"missing input(s) {missing}; the graph takes {self.input_names}")
@@ -643,7 +665,16 @@ class GraphFunction:
         if device is not None:
             arguments = jax.device_put(arguments, device)
         compiled, out_layout = self._compiled(fixed, layout)
-        out_buffers, out_own = compiled(*arguments)
+        try:
+            out_buffers, out_own = compiled(*arguments)
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            raise ValueError(
+                f"the graph of outputs {list(self.output_names)} does not fit in the device's "
+                f"memory ({str(error).splitlines()[0]}); feed smaller inputs, or lower "
+                "limits=Limits(tensor_bytes=...) to have the node that grows so large named"
+            ) from None
         results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
         results.update((name, np.asarray(value)) for name, value in out_own.items())
         return [

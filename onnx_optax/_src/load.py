@@ -227,6 +227,8 @@ def _external_path(tensor: onnx.TensorProto, base_dir: Path | None) -> tuple[Pat
             "external data from; pass base_dir= (the folder the model came from)"
         )
     root = base_dir.resolve()
+    if "\x00" in location:
+        raise ValueError(f"{label}: the location contains a NUL character; it is no file name")
     if not location or os.path.isabs(location):
         raise ValueError(f"{label}: the location must be a relative path inside the model's folder")
     path = (root / location).resolve()

@@ -31,6 +31,9 @@ from jax import lax
 from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
 
 STANDARD_DOMAINS = ("", "ai.onnx")
+# The default Limits.tensor_bytes (onnx_optax._src.load): the most bytes one tensor a
+# node computes may take, checked before numpy allocates it or XLA is handed its shape.
+MAX_TENSOR_BYTES = 16 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Node:
     opset: int
     where: str  # how errors name the node
     n_outputs: int
+    max_bytes: int = MAX_TENSOR_BYTES  # the largest tensor the node may compute
 
     def __getitem__(self, name: str) -> Any:
         return self.attrs[name]
@@ -132,11 +136,31 @@ def _same_dtype(node: Node, *values: Any) -> None:
 
 
 def _broadcast_check(node: Node, *values: Any) -> None:
+    given = [v for v in values if v is not None]
     try:
-        np.broadcast_shapes(*(np.shape(v) for v in values if v is not None))
+        shape = np.broadcast_shapes(*(np.shape(v) for v in given))
     except ValueError:
-        shapes = [list(np.shape(v)) for v in values if v is not None]
+        shapes = [list(np.shape(v)) for v in given]
         raise ValueError(f"{node.where}: input shapes {shapes} do not broadcast") from None
+    if given:
+        widest = max((np.dtype(v.dtype) for v in given), key=lambda d: d.itemsize)
+        check_size(node, shape, widest)
+
+
+def check_size(node: Node, shape: Sequence[Any], dtype: Any, what: str = "output") -> None:
+    """Refuses a tensor of ``shape`` larger than the node's limit, counted in Python ints.
+
+    Called before numpy allocates a computed shape or XLA is handed one (an
+    element count beyond int64 aborts XLA), with the limit keyword to raise it.
+    """
+    dims = [int(d) for d in shape]
+    size = math.prod(dims) * np.dtype(dtype).itemsize
+    if size > node.max_bytes:
+        raise ValueError(
+            f"{node.where}: its {what} of shape {dims} ({np.dtype(dtype)}) would take {size} "
+            f"bytes, over the limit of {node.max_bytes} bytes per tensor; raise it with "
+            "limits=Limits(tensor_bytes=...) if the model is yours"
+        )
 
 
 def _is_int(x: Any) -> bool:
@@ -363,13 +387,14 @@ def _constant(node: Node) -> Any:
 
 @register("ConstantOfShape", static=(0,))
 def _constant_of_shape(node: Node, shape: Any) -> Any:
-    value = node.get("value")
-    fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(-1)
+    value = node.get("value")  # ONNX's default: a float32 zero
+    fill = (np.zeros((), np.float32) if value is None else np.asarray(value)).reshape(-1)
     if fill.size != 1:
-        raise ValueError(f"{node.where}: value must hold one element, got {fill.size}")
+        raise ValueError(f"{node.where}: attribute 'value' must hold one element, got {fill.size}")
     dims = _ints(shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"{node.where}: negative dimension in shape {dims}")
+    check_size(node, dims, fill.dtype)
     if math.prod(dims) > 1 << 16:  # big fills are computed on the device, not embedded
         refuse_narrowing(f"{node.where}: attribute 'value'", fill)
         return jnp.full(dims, fill[0], _canonical(fill.dtype))
@@ -382,7 +407,14 @@ def _range(node: Node, start: Any, limit: Any, delta: Any) -> Any:
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     if delta == 0:
         raise ValueError(f"{node.where}: delta is 0")
-    count = max(math.ceil(float((limit - start) / delta)), 0)
+    steps = float((limit - start) / delta)
+    if not math.isfinite(steps):
+        raise ValueError(
+            f"{node.where}: start {start}, limit {limit} and delta {delta} give no finite "
+            "number of elements"
+        )
+    count = max(math.ceil(steps), 0)
+    check_size(node, [count], np.int64, "index array")  # numpy builds it first
     return (start + np.arange(count) * delta).astype(start.dtype)
 
 
@@ -992,6 +1024,7 @@ def _expand(node: Node, x: Any, shape: Any) -> Any:
         raise ValueError(
             f"{node.where}: shape {list(np.shape(x))} does not expand to {_ints(shape)}"
         ) from None
+    check_size(node, target, x.dtype)
     return _xp(x).broadcast_to(x, target)
 
 
@@ -1000,6 +1033,9 @@ def _tile(node: Node, x: Any, repeats: Any) -> Any:
     reps = _ints(repeats)
     if len(reps) != np.ndim(x):
         raise ValueError(f"{node.where}: repeats {reps} do not match rank {np.ndim(x)}")
+    if any(r < 0 for r in reps):
+        raise ValueError(f"{node.where}: negative repeats {reps}")
+    check_size(node, [d * r for d, r in zip(np.shape(x), reps, strict=True)], x.dtype)
     return _xp(x).tile(x, reps)
 
 
@@ -1022,6 +1058,7 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))
     x = x[crop]
     widths_ = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
+    check_size(node, [d + lo + hi for d, (lo, hi) in zip(x.shape, widths_, strict=True)], x.dtype)
     mode = node.get("mode", "constant")
     xp = _xp(x, value)
     if mode == "constant":
@@ -1189,6 +1226,39 @@ def _softmax_cross_entropy(node: Node, scores: Any, labels: Any, weights: Any = 
 # ----------------------------------------------------------------------------- attributes
 
 
+def node_schema(node: Any, opset: int, where: str) -> Any:
+    """The node's ``OpSchema`` at ``opset`` (else its newest); "ai.onnx" is the default domain."""
+    import onnx
+
+    domain = "" if node.domain in STANDARD_DOMAINS else node.domain
+    try:
+        return onnx.defs.get_schema(node.op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        pass
+    try:
+        return onnx.defs.get_schema(node.op_type, domain)
+    except onnx.defs.SchemaError:
+        raise NotImplementedError(
+            f"{where}: ONNX defines no op {node.op_type} in domain '{domain or 'ai.onnx'}'"
+        ) from None
+
+
+def check_omitted_inputs(node: Any, opset: int, where: str) -> None:
+    """Refuses an omitted input (an empty name) where the schema does not mark it optional."""
+    import onnx
+
+    formal = list(node_schema(node, opset, where).inputs)
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    for position, name in enumerate(node.input):
+        if name:
+            continue
+        if not formal or formal[min(position, len(formal) - 1)].option != optional:
+            raise ValueError(
+                f"{where}: input {position} is omitted (an empty name), but {node.op_type} "
+                "requires it; only inputs the ONNX schema marks optional may be left out"
+            )
+
+
 def read_attributes(node: Any, opset: int, where: str) -> dict[str, Any]:
     """The node's attributes by name, with the schema's defaults for ``opset`` filled in.
 
@@ -1198,10 +1268,7 @@ def read_attributes(node: Any, opset: int, where: str) -> dict[str, Any]:
     import onnx
     from onnx import helper
 
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
-    except onnx.defs.SchemaError:
-        schema = onnx.defs.get_schema(node.op_type, node.domain)
+    schema = node_schema(node, opset, where)
     values: dict[str, Any] = {}
     for name, spec in schema.attributes.items():
         default = spec.default_value
