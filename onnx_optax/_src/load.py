@@ -89,9 +89,9 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def _declared_bytes(tensor: onnx.TensorProto) -> int:
-    dims = [int(d) for d in tensor.dims]
-    if any(d < 0 for d in dims):
-        raise ValueError(f"tensor '{tensor.name}' has negative dims {dims}")
+    dims = tensor.dims
+    if dims and min(dims) < 0:
+        raise ValueError(f"tensor '{tensor.name}' has negative dims {list(dims)}")
     if tensor.data_type == onnx.TensorProto.STRING:  # refused where it is read, if it is
         return sum(len(s) for s in tensor.string_data)
     dtype = tensor_dtype(tensor.data_type, f"tensor '{tensor.name}'")
@@ -137,8 +137,7 @@ def _check_graph(graph: onnx.GraphProto, limits: Limits) -> None:
                     f"type {elem}"
                 )
     _text(where, "a value_info name", [v.name for v in graph.value_info])
-    for tensor in _initializers(graph):
-        _text(where, "an initializer name", [tensor.name])
+    _text(where, "an initializer name", [tensor.name for tensor in _initializers(graph)])
     for index, node in enumerate(graph.node):
         if len(node.input) > limits.node_inputs:
             raise ValueError(
