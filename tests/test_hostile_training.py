@@ -200,3 +200,46 @@ def test_names_that_are_not_utf8_are_refused_by_name(name: bytes) -> None:
     for entry in (training.check, training.Session, interop.from_model):
         with pytest.raises(ValueError, match="not valid UTF-8"):
             entry(hostile)
+
+
+def _identity_chain(length: int) -> onnx.ModelProto:
+    """w -> Identity x length -> MatMul(x, .) -> y."""
+    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    nodes = [
+        helper.make_node("Identity", [f"w{i}" if i else "w"], [f"w{i + 1}"]) for i in range(length)
+    ]
+    nodes.append(helper.make_node("MatMul", ["x", f"w{length}"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2])],
+        initializer=[w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_a_long_identity_chain_does_not_exhaust_the_stack() -> None:
+    """Following a weight through 3,000 Identity nodes was recursive (a RecursionError)."""
+    model = training.attach(
+        _identity_chain(3_000), loss="mse", target="t", optimizer=onnx_optax.adam(0.1)
+    )
+    (gradient,) = [n for n in model.training_info[0].algorithm.node if n.op_type == "Gradient"]
+    assert next(a for a in gradient.attribute if a.name == "xs").strings == [b"w"]
+
+
+def test_attach_reads_a_path_through_the_loading_layer(tmp_path: pathlib.Path) -> None:
+    """attach takes a path like every entry point, with its external data from the model's folder."""
+    model = _identity_chain(1)
+    onnx.save(
+        model,
+        str(tmp_path / "m.onnx"),
+        save_as_external_data=True,
+        location="m.data",
+        size_threshold=0,
+    )
+    attached = training.attach(
+        str(tmp_path / "m.onnx"), loss="mse", target="t", optimizer=onnx_optax.adam(0.1)
+    )
+    (w,) = [i for i in attached.graph.initializer if i.name == "w"]
+    np.testing.assert_array_equal(numpy_helper.to_array(w), np.ones((2, 2), np.float32))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +20,12 @@ from onnx_optax.interop import _attribute_values, _common_dtype
 from onnx_optax.training._clipping import clip_by_global_norm_nodes
 from onnx_optax.training._frozen import select
 from onnx_optax.training._losses import LOSS_OUTPUT, loss_nodes
-from onnx_optax.training._model import Names, declared, value_info
+from onnx_optax.training._model import Names, as_model, declared, value_info
 from onnx_optax.training.schedules import learning_rate_nodes
 
 
 def attach(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
     *,
     loss: Any = "softmax_cross_entropy",
     target: str = "label",
@@ -51,7 +52,8 @@ def attach(
     binding writes, stay bit-identical.
 
     Args:
-      model: the inference ``ModelProto`` (not modified).
+      model: the inference model: a ``ModelProto`` (not modified), its bytes or a
+        path (read through the one loading layer, external data from its folder).
       loss: ``"softmax_cross_entropy"`` (logits), ``"log_loss"``
         (probabilities, clipped below at 1e-7), ``"nll"`` (log-probabilities):
         each with int64 class targets, one per row, the mean over the rows;
@@ -85,8 +87,7 @@ def attach(
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
       and :func:`check`.
     """
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"attach needs an onnx.ModelProto, got {type(model).__name__}")
+    model = as_model(model)  # the one loading layer: limits, names, external data
     operator = operator_of(optimizer)
     if model.training_info:
         raise ValueError("the model already has training_info; attach takes an inference model")
@@ -159,11 +160,9 @@ def attach(
         tree = getattr(state, field)
         if isinstance(tree, PackedTree):
             tree = tree.unpack()
-        for n in chosen:
+        for i, n in enumerate(chosen):
             stored.append(
-                numpy_helper.from_array(
-                    np.asarray(tree[n], dtype), rename[f"p{chosen.index(n)}.{field}"]
-                )
+                numpy_helper.from_array(np.asarray(tree[n], dtype), rename[f"p{i}.{field}"])
             )
     inits += [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
     binding = {}

@@ -24,6 +24,7 @@ clearer error.)
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -51,25 +52,34 @@ def not_weights(graph: onnx.GraphProto, values: Mapping[str, np.ndarray]) -> dic
     outputs = {o.name for o in graph.output}
 
     def reasons(name: str) -> list[str] | None:
-        """Why each use of ``name`` is no weight's use; None if some use reads it as data."""
-        if name in outputs:
-            return None
+        """Why each use of ``name`` is no weight's use; None if some use reads it as data.
+
+        A worklist, not recursion: a chain of pass-through nodes may be long
+        (or, in a malformed graph, a cycle).
+        """
         found: list[str] = []
-        for node, position in consumers.get(name, []):
-            op = node.op_type if node.domain in STANDARD_DOMAINS else None
-            if op in PASS_THROUGH and position == 0:
-                further = reasons(node.output[0])
-                if further is None:
-                    return None
-                found += further
-            elif position in STATISTICS.get(op or "", {}):
-                found.append(
-                    f"the {STATISTICS[op or ''][position]} (input {position}) of {describe(node)}"
-                )
-            elif op in OPS and position in OPS[op].static:
-                found.append(f"read as a shape (input {position} of {describe(node)})")
-            else:
+        todo, seen = [name], {name}
+        while todo:
+            current = todo.pop()
+            if current in outputs:
                 return None
+            for node, position in consumers.get(current, []):
+                op = node.op_type if node.domain in STANDARD_DOMAINS else None
+                if op in PASS_THROUGH and position == 0:
+                    if not node.output:
+                        return None
+                    if node.output[0] not in seen:
+                        seen.add(node.output[0])
+                        todo.append(node.output[0])
+                elif position in STATISTICS.get(op or "", {}):
+                    found.append(
+                        f"the {STATISTICS[op or ''][position]} (input {position}) of "
+                        f"{describe(node)}"
+                    )
+                elif op in OPS and position in OPS[op].static:
+                    found.append(f"read as a shape (input {position} of {describe(node)})")
+                else:
+                    return None
         return found
 
     result = {}
@@ -90,7 +100,7 @@ def _names(argument: str, names: Sequence[str], values: Mapping[str, np.ndarray]
             f"{names!r}" + (f"; write [{names!r}]" if isinstance(names, str) else "")
         )
     names = list(names)
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
     if twice:
         raise ValueError(f"{argument}= names {twice} more than once")
     unknown = [n for n in names if n not in values]
