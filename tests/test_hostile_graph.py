@@ -699,3 +699,24 @@ def test_a_graph_the_device_memory_cannot_hold_is_a_value_error() -> None:
     """
     found = _outcome(script)
     assert re.search(r"RESULT ValueError .*does not fit in the device's memory", found), found
+
+
+def test_a_packed_int4_tensor_in_external_data_is_read(tmp_path: Path) -> None:
+    """Four INT4 values take two bytes on disk; the size checks count bits, not numpy's int8."""
+    values = np.array([1, -2, 3, -4], np.int8)
+    packed = bytes([(1 & 0xF) | ((-2 & 0xF) << 4), (3 & 0xF) | ((-4 & 0xF) << 4)])
+    (tmp_path / "q.bin").write_bytes(packed)
+    tensor = onnx.TensorProto(name="q", data_type=onnx.TensorProto.INT4, dims=[4])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="q.bin")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["q"], ["y"], to=onnx.TensorProto.FLOAT)],
+        "int4",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
+        initializer=[tensor],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    (y,) = backend.prepare(str(tmp_path / "m.onnx")).run([])
+    np.testing.assert_array_equal(y, values.astype(np.float32))

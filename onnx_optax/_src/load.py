@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import onnx
 
-from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
+from onnx_optax._src.onnx_tensors import raw_byte_count, tensor_dtype, utf8
 
 
 class Limits(NamedTuple):
@@ -95,7 +95,7 @@ def _declared_bytes(tensor: onnx.TensorProto) -> int:
     if tensor.data_type == onnx.TensorProto.STRING:  # refused where it is read, if it is
         return sum(len(s) for s in tensor.string_data)
     dtype = tensor_dtype(tensor.data_type, f"tensor '{tensor.name}'")
-    return math.prod(dims) * dtype.itemsize
+    return raw_byte_count(tensor.data_type, math.prod(dims), dtype)
 
 
 # ----------------------------------------------------------------------------- names

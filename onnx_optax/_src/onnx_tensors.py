@@ -86,6 +86,18 @@ def utf8(value: bytes, what: str) -> str:
         ) from None
 
 
+def raw_byte_count(data_type: int, count: int, dtype: np.dtype) -> int:
+    """Bytes that ``count`` elements of ONNX type ``data_type`` take as raw (or external) data.
+
+    Types below a byte per element (INT4, UINT4, FLOAT4E2M1, INT2, UINT2) are
+    packed, the last byte padded.
+    """
+    import onnx
+
+    bits = _PACKED_BITS.get(onnx.TensorProto.DataType.Name(data_type), 8 * dtype.itemsize)
+    return (count * bits + 7) // 8
+
+
 def read_tensor(tensor: Any, where: str) -> np.ndarray:
     """A ``TensorProto`` as a numpy array, checked; ``where`` names its owner in errors."""
     import onnx
@@ -105,9 +117,7 @@ def read_tensor(tensor: Any, where: str) -> np.ndarray:
         raise ValueError(f"{label} has negative dims {list(dims)}")
     count = math.prod(dims)
     if tensor.HasField("raw_data"):
-        name = onnx.TensorProto.DataType.Name(tensor.data_type)
-        bits = _PACKED_BITS.get(name, 8 * dtype.itemsize)
-        expected = (count * bits + 7) // 8
+        expected = raw_byte_count(tensor.data_type, count, dtype)
         if len(tensor.raw_data) != expected:
             raise ValueError(
                 f"{label}: raw_data holds {len(tensor.raw_data)} bytes, but dims {list(dims)} of "
