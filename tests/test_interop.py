@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from onnx_optax import backend, interop  # noqa: E402
-from onnx_optax._src.onnx_graph import GraphFunction  # noqa: E402
+from onnx_optax._src.graph import GraphFunction  # noqa: E402
 from onnx_optax._src.onnx_nodes import make_node, read_node  # noqa: E402
 
 NAMES = list(OPTIMIZERS)

@@ -12,9 +12,6 @@
   decided from the graph's structure in exact integers (nothing is run, so
   neither 32-bit wrap-around nor a value that equals T + 1 at today's T only,
   such as ``T * 2`` at T = 1, can pass).
-
-The graph compiler itself is :mod:`graph` (``GraphFunction`` is re-exported
-for the importers).
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax._src.graph import GRADIENT, GraphFunction, node_graph, supported_ops, to_jax
+from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, OptimizerNode, describe
 from onnx_optax._src.onnx_ops import STANDARD_DOMAINS, read_attributes
 from onnx_optax._src.onnx_tensors import read_tensor
@@ -33,16 +30,12 @@ from onnx_optax._src.onnx_tensors import read_tensor
 __all__ = [
     "SESSION",
     "TRAINING_IR_VERSION",
-    "GraphFunction",
     "check_bindings",
-    "check_feed",
     "check_sources",
     "check_versions",
     "constant_value",
     "increment_problem",
-    "node_graph",
     "producers",
-    "supported_ops",
     "training_entry",
 ]
 
@@ -118,11 +111,6 @@ def constant_value(node: Any) -> np.ndarray:
     where = describe(node)
     attrs = read_attributes(node, latest_opset(), where)
     return np.asarray(OPS["Constant"].fn(Node(attrs, latest_opset(), where, 1)))
-
-
-def check_feed(name: str, value: Any) -> Any:
-    """An input as a JAX array, refusing what 32-bit JAX would silently truncate."""
-    return to_jax(f"input '{name}'", value)
 
 
 _ONE = "; T + 1 is an Add of T and a constant int64 scalar 1"
