@@ -60,6 +60,24 @@ def scalar(value: Any, kind: Literal["real", "integer"] = "real") -> float | int
     return int(number) if kind == "integer" else float(number)
 
 
+def stored_number(where: str, name: str, value: Any, *, positive: bool = False) -> float:
+    """A finite real number (``> 0`` with ``positive``) that a model stores as a constant.
+
+    Errors name ``where`` and ``name``; a traced value is refused, since a
+    file can only hold a number.
+    """
+    try:
+        number = scalar(value)
+    except TypeError as error:
+        raise TypeError(f"{where}: {name} must be a real number: {error}") from None
+    if number is None:
+        raise TypeError(f"{where}: {name} is traced; a value stored in ONNX needs a number")
+    if not math.isfinite(number) or (positive and number <= 0):
+        kind = "a finite number > 0" if positive else "finite"
+        raise ValueError(f"{where}: {name} must be {kind}, got {number}")
+    return number
+
+
 def is_static_zero(value: Any) -> bool:
     """True when ``value`` is known at trace time to be exactly zero."""
     return not is_traced(value) and scalar(value) == 0.0

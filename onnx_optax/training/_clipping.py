@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,22 +10,6 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_optax._src import checks
-
-
-def check_max_norm(value: Any) -> float:
-    """``clip_global_norm``: a finite number > 0 (at 0 optax's clipped gradient is NaN)."""
-    try:
-        number = checks.scalar(value)
-    except TypeError as error:
-        raise TypeError(f"attach: clip_global_norm must be a real number: {error}") from None
-    if number is None:
-        raise TypeError("attach: clip_global_norm is traced; ONNX stores it as a number")
-    if not (math.isfinite(number) and number > 0):
-        raise ValueError(
-            f"attach: clip_global_norm must be a finite number > 0 (the largest global norm "
-            f"of the gradients), got {number}"
-        )
-    return number
 
 
 def clip_by_global_norm_nodes(
@@ -42,7 +25,7 @@ def clip_by_global_norm_nodes(
     """
     if max_norm is None:
         return [], list(grads)
-    limit = check_max_norm(max_norm)
+    limit = checks.stored_number("attach", "clip_global_norm", max_norm, positive=True)
     nodes: list[onnx.NodeProto] = []
 
     def node(op_type: str, inputs: Sequence[str], base: str, **attributes: Any) -> str:

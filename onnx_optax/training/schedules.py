@@ -124,19 +124,6 @@ def _cosine(o: Any, t: Any, init: float, steps: int, alpha: float, exponent: flo
 # ----------------------------------------------------------------------------- checks
 
 
-def _real(where: str, name: str, value: Any, *, positive: bool = False) -> float:
-    try:
-        number = checks.scalar(value)
-    except TypeError as error:
-        raise TypeError(f"{where}: {name} must be a real number: {error}") from None
-    if number is None:
-        raise TypeError(f"{where}: {name} is traced; a schedule stored in ONNX needs a number")
-    if not math.isfinite(number) or (positive and number <= 0):
-        kind = "a finite number > 0" if positive else "finite"
-        raise ValueError(f"{where}: {name} must be {kind}, got {number}")
-    return number
-
-
 def _steps(where: str, name: str, value: Any, low: int, why: str = "") -> int:
     try:
         number = checks.scalar(value, "integer")
@@ -288,7 +275,7 @@ def constant_schedule(value: float) -> Schedule:
     Returns:
       The :class:`Schedule`.
     """
-    return _Constant(_real("constant_schedule", "value", value))
+    return _Constant(checks.stored_number("constant_schedule", "value", value))
 
 
 def linear_schedule(
@@ -310,8 +297,8 @@ def linear_schedule(
     """
     where = "linear_schedule"
     return _Linear(
-        _real(where, "init_value", init_value),
-        _real(where, "end_value", end_value),
+        checks.stored_number(where, "init_value", init_value),
+        checks.stored_number(where, "end_value", end_value),
         _steps(where, "transition_steps", transition_steps, 1, _CONSTANT_HINT),
         _steps(where, "transition_begin", transition_begin, 0),
     )
@@ -346,12 +333,12 @@ def exponential_decay(
     if not isinstance(staircase, bool | np.bool_):
         raise TypeError(f"{where}: staircase must be True or False, got {staircase!r}")
     return _Exponential(
-        _real(where, "init_value", init_value),
+        checks.stored_number(where, "init_value", init_value),
         _steps(where, "transition_steps", transition_steps, 1, _CONSTANT_HINT),
-        _real(where, "decay_rate", decay_rate, positive=True),
+        checks.stored_number(where, "decay_rate", decay_rate, positive=True),
         _steps(where, "transition_begin", transition_begin, 0),
         bool(staircase),
-        None if end_value is None else _real(where, "end_value", end_value),
+        None if end_value is None else checks.stored_number(where, "end_value", end_value),
     )
 
 
@@ -374,10 +361,10 @@ def cosine_decay_schedule(
     """
     where = "cosine_decay_schedule"
     return _Cosine(
-        _real(where, "init_value", init_value),
+        checks.stored_number(where, "init_value", init_value),
         _steps(where, "decay_steps", decay_steps, 1),
-        _real(where, "alpha", alpha),
-        _real(where, "exponent", exponent, positive=True),
+        checks.stored_number(where, "alpha", alpha),
+        checks.stored_number(where, "exponent", exponent, positive=True),
     )
 
 
@@ -411,12 +398,12 @@ def warmup_cosine_decay_schedule(
     warmup = _steps(where, "warmup_steps", warmup_steps, 0)
     why = " (greater than warmup_steps, since it counts the warmup)"
     return _WarmupCosine(
-        _real(where, "init_value", init_value),
-        _real(where, "peak_value", peak_value),
+        checks.stored_number(where, "init_value", init_value),
+        checks.stored_number(where, "peak_value", peak_value),
         warmup,
         _steps(where, "decay_steps", decay_steps, warmup + 1, why),
-        _real(where, "end_value", end_value),
-        _real(where, "exponent", exponent, positive=True),
+        checks.stored_number(where, "end_value", end_value),
+        checks.stored_number(where, "exponent", exponent, positive=True),
     )
 
 
