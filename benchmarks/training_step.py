@@ -106,7 +106,7 @@ def bench(net: dict[str, Any], rounds: int, repeat: int, recipe: bool) -> dict[s
         loss, carry[0], carry[1] = step(carry[0], carry[1], x, labels.astype(np.int32))
         return float(loss)
 
-    feeds = {"X": x, "label": labels}
+    feeds = {"X": x, "target": labels}
 
     def attached() -> float:
         return float(session.step(feeds)["loss"])

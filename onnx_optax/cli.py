@@ -15,6 +15,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -117,8 +118,25 @@ def _read_model(training: ModuleType, path: str) -> object:
 
 def _attach(args: argparse.Namespace) -> int:
     training = _training()
-    _writable_file(args.output, "the model")
+    if args.output is None and not args.list:
+        raise UsageError("attach needs -o/--output (or --list to print the plan alone)")
+    if args.output is not None:
+        _writable_file(args.output, "the model")
     model = _read_model(training, args.model)
+    if args.list:
+        try:
+            plan = training.plan(
+                model,
+                output=args.output_name,
+                trainable=args.trainable,
+                frozen=args.frozen,
+                lift_constants=not args.keep_constants,
+            )
+        except (TypeError, ValueError) as error:
+            raise UsageError(str(error)) from None
+        print(plan)
+        if args.output is None:
+            return EXIT_OK
     kwargs: dict[str, float] = {}
     if args.optimizer in ("momentum", "nesterov"):
         kwargs = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
@@ -129,22 +147,31 @@ def _attach(args: argparse.Namespace) -> int:
     factory = getattr(onnx_optax, args.optimizer)
     try:
         optimizer = factory(args.learning_rate, **kwargs)
-        attached = training.attach(
-            model,
-            loss=args.loss,
-            target=args.target,
-            output=args.output_name,
-            optimizer=optimizer,
-            trainable=args.trainable,
-            frozen=args.frozen,
-            clip_global_norm=args.clip_global_norm,
-        )
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", UserWarning)
+            attached = training.attach(
+                model,
+                loss=args.loss,
+                target=args.target,
+                output=args.output_name,
+                optimizer=optimizer,
+                trainable=args.trainable,
+                frozen=args.frozen,
+                clip_global_norm=args.clip_global_norm,
+                class_axis=args.class_axis,
+                lift_constants=not args.keep_constants,
+            )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
+    for warning in said:
+        print(f"note: {warning.message}", file=sys.stderr)
     import onnx
 
     onnx.save(attached, args.output)
-    print(f"wrote {args.output}", file=sys.stderr)
+    target = attached.training_info[0].algorithm.input[0].name
+    print(
+        f"wrote {args.output} (its step reads the targets from input '{target}')", file=sys.stderr
+    )
     return EXIT_OK
 
 
@@ -322,7 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
         "The inference graph is left as it is. Needs the onnx extra.",
     )
     attach.add_argument("model", help="the inference model (.onnx)")
-    attach.add_argument("-o", "--output", required=True, help="the training model to write")
+    attach.add_argument("-o", "--output", help="the training model to write")
+    attach.add_argument(
+        "--list",
+        action="store_true",
+        help="print the plan: every tensor the model stores, whether it trains and why "
+        "(with no -o, print it and write nothing)",
+    )
     attach.add_argument(
         "--loss",
         default="softmax_cross_entropy",
@@ -336,16 +369,19 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--learning-rate", type=float, default=1e-3, help="R (default: 1e-3)")
     attach.add_argument("--alpha", type=float, help="the optimizer's alpha (Adam, Momentum)")
     attach.add_argument("--beta", type=float, help="the optimizer's beta (Adam, Momentum)")
-    attach.add_argument("--target", default="label", help="the new targets input (default: label)")
     attach.add_argument(
-        "--output-name", help="the graph output the loss reads (default: the first)"
+        "--target", help="the new targets input (default: target, or a free name like it)"
+    )
+    attach.add_argument(
+        "--output-name",
+        help="the graph output the loss reads (required when the model has several)",
     )
     attach.add_argument(
         "--trainable",
         action="append",
         metavar="NAME",
-        help="an initializer to train (repeat; default: every weight: float initializers "
-        "that are not BatchNormalization running statistics or read only as shapes)",
+        help="a tensor to train, an initializer or a Constant node's output (repeat; default: "
+        "every weight the loss's output depends on; see --list)",
     )
     attach.add_argument(
         "--clip-global-norm",
@@ -357,7 +393,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--frozen",
         action="append",
         metavar="NAME",
-        help="an initializer not to train (repeat; the complement of --trainable)",
+        help="a weight not to train (repeat; the complement of --trainable)",
+    )
+    attach.add_argument(
+        "--class-axis",
+        type=int,
+        metavar="AXIS",
+        help="the output axis holding the classes, for class losses (default: 1; 2 or -1 for "
+        "a time-major [T, N, C] output)",
+    )
+    attach.add_argument(
+        "--keep-constants",
+        action="store_true",
+        help="leave float Constant nodes as they are (by default those in weight positions "
+        "become initializers and train)",
     )
     attach.set_defaults(run=_attach)
 

@@ -243,7 +243,7 @@ def test_attach_check_train_and_resume(tmp_path: pathlib.Path) -> None:
     assert "ok" in result.stdout
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 4)).astype(np.float32)
-    _npz(tmp_path / "d.npz", x=x, label=(x[:, 0] > 0).astype(np.int64))
+    _npz(tmp_path / "d.npz", x=x, target=(x[:, 0] > 0).astype(np.int64))
     args = ["--data", str(tmp_path / "d.npz"), "--steps", "20", "--batch-size", "16"]
     result = _run("train", str(tmp_path / "t.onnx"), *args, "-o", str(tmp_path / "1.onnx"))
     assert result.returncode == 0, result.stderr
@@ -315,11 +315,11 @@ def test_train_says_which_arrays_do_not_match(
     assert cli.main(["attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")]) == 0
     x = np.zeros((8, 4), np.float32)
     cases = {
-        "missing": ({"x": x}, r"no array for the input(s) ['label']"),
-        "rows": ({"x": x, "label": np.zeros(5, np.int64)}, "the same number of rows"),
-        "dtype": ({"x": x, "label": np.zeros(8, np.float32)}, "feed 'label' has dtype float32"),
+        "missing": ({"x": x}, r"no array for the input(s) ['target']"),
+        "rows": ({"x": x, "target": np.zeros(5, np.int64)}, "the same number of rows"),
+        "dtype": ({"x": x, "target": np.zeros(8, np.float32)}, "feed 'target' has dtype float32"),
         "shape": (
-            {"x": np.zeros((8, 5), np.float32), "label": np.zeros(8, np.int64)},
+            {"x": np.zeros((8, 5), np.float32), "target": np.zeros(8, np.int64)},
             "feed 'x' has shape [4, 5]",
         ),
     }

@@ -57,7 +57,7 @@ def data(seed: int, n: int = 16) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
         "x": rng.normal(size=(n, 16)).astype(np.float32),
-        "label": rng.integers(0, 3, size=n).astype(np.int64),
+        "target": rng.integers(0, 3, size=n).astype(np.int64),
     }
 
 
@@ -89,7 +89,7 @@ def test_evaluate_is_the_loss_of_the_current_weights_and_changes_nothing() -> No
     p = {n: jnp.asarray(before[n]) for n in PARAMS}
     logits = jax.nn.relu(batch["x"] @ p["W1"] + p["b1"][None, :]) @ p["W2"] + p["b2"][None, :]
     logp = jax.nn.log_softmax(logits, axis=1)
-    by_hand = -jnp.mean(jnp.take_along_axis(logp, batch["label"][:, None].astype(np.int32), 1))
+    by_hand = -jnp.mean(jnp.take_along_axis(logp, batch["target"][:, None].astype(np.int32), 1))
     np.testing.assert_allclose(out["loss"], by_hand, rtol=1e-6)
     # A step reports the loss before its update: the same number.
     np.testing.assert_allclose(session.step(batch)["loss"], out["loss"], rtol=1e-6)
@@ -99,7 +99,7 @@ def test_evaluate_is_the_loss_of_the_current_weights_and_changes_nothing() -> No
 def test_evaluate_checks_its_feeds_like_step() -> None:
     session = trained(1)
     before = session.initializers
-    with pytest.raises(ValueError, match=r"training_info\[0\]: missing feed 'label'"):
+    with pytest.raises(ValueError, match=r"training_info\[0\]: missing feed 'target'"):
         session.evaluate({"x": data(0)["x"]})
     with pytest.raises(ValueError, match=r"feed 'x' has shape \[16, 5\]; the graph declares"):
         session.evaluate({**data(0), "x": np.zeros((16, 5), np.float32)})
@@ -149,7 +149,9 @@ def test_inference_model_keeps_what_the_inference_graph_reads() -> None:
     base.graph.initializer.append(numpy_helper.from_array(np.float32(2.0), "scale"))
     base.graph.node.append(helper.make_node("Mul", ["logits", "scale"], ["scaled"]))
     base.graph.output.append(helper.make_tensor_value_info("scaled", F32, ["N", 3]))
-    model = training.attach(base, optimizer=onnx_optax.adagrad(0.1), trainable=list(PARAMS))
+    model = training.attach(
+        base, output="logits", optimizer=onnx_optax.adagrad(0.1), trainable=list(PARAMS)
+    )
     session = training.Session(model)
     session.step(data(0))
     inference = session.to_inference_model()

@@ -60,7 +60,7 @@ def data(n: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
         "x": rng.normal(size=(n, 4)).astype(np.float32),
-        "label": rng.integers(0, 3, size=n).astype(np.int64),
+        "target": rng.integers(0, 3, size=n).astype(np.int64),
     }
 
 
@@ -86,7 +86,7 @@ def _by_hand(loss: str, tx: optax.GradientTransformation, steps: int) -> list[fl
     losses = []
     for i in range(steps):
         batch = data(seed=i)
-        y = batch["label"].astype(np.int32) if loss != "mse" else _mse_target(batch)
+        y = batch["target"].astype(np.int32) if loss != "mse" else _mse_target(batch)
         value, grads = jax.value_and_grad(loss_fn)(params, jnp.asarray(batch["x"]), jnp.asarray(y))
         updates, state = tx.update(grads, state, params)
         params = optax.apply_updates(params, updates)
@@ -95,7 +95,7 @@ def _by_hand(loss: str, tx: optax.GradientTransformation, steps: int) -> list[fl
 
 
 def _mse_target(batch: dict[str, np.ndarray]) -> np.ndarray:
-    return np.eye(3, dtype=np.float32)[batch["label"]]
+    return np.eye(3, dtype=np.float32)[batch["target"]]
 
 
 def test_attach_is_a_valid_model_that_onnxruntime_still_runs() -> None:
@@ -133,7 +133,7 @@ def test_each_loss_matches_jax(loss: str) -> None:
     for i in range(3):
         batch = data(seed=i)
         if loss == "mse":
-            batch["label"] = _mse_target(batch)
+            batch["target"] = _mse_target(batch)
         losses.append(float(session.step(batch)["loss"]))
     expected = _by_hand("sce" if loss == "nll" else loss, onnx_optax.adam(0.01), 3)
     np.testing.assert_allclose(losses, expected, rtol=2e-6)
@@ -427,7 +427,7 @@ def test_bad_feeds_leave_the_initializers_unchanged() -> None:
     session.step(data())
     batch = data()
     _unchanged_after(
-        session, {"x": batch["x"]}, ValueError, r"training_info\[0\]: missing feed 'label'"
+        session, {"x": batch["x"]}, ValueError, r"training_info\[0\]: missing feed 'target'"
     )
     _unchanged_after(
         session,
@@ -443,15 +443,15 @@ def test_bad_feeds_leave_the_initializers_unchanged() -> None:
     )
     _unchanged_after(
         session,
-        {**batch, "label": batch["label"][:5]},
+        {**batch, "target": batch["target"][:5]},
         ValueError,
-        r"feed 'label' has shape \[5\]; the graph declares \['N'\] with \{'N': 16\}",
+        r"feed 'target' has shape \[5\]; the graph declares \['N'\] with \{'N': 16\}",
     )
     _unchanged_after(
         session,
-        {**batch, "label": batch["label"][:, None]},
+        {**batch, "target": batch["target"][:, None]},
         ValueError,
-        r"feed 'label' has shape \[16, 1\]",
+        r"feed 'target' has shape \[16, 1\]",
     )
 
 

@@ -167,7 +167,7 @@ def _batch(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
         "x": rng.normal(size=(8, 4)).astype(np.float32),
-        "label": rng.integers(0, 3, size=8).astype(np.int64),
+        "target": rng.integers(0, 3, size=8).astype(np.int64),
     }
 
 
@@ -196,10 +196,14 @@ def test_frozen_is_the_complement_of_trainable() -> None:
             ValueError,
             r"pass trainable= \(exactly these\) or frozen= \(every weight but these\), not both",
         ),
-        ({"frozen": ["W1", "W7"]}, ValueError, r"frozen \['W7'\] are not initializers"),
+        (
+            {"frozen": ["W1", "W7"]},
+            ValueError,
+            r"frozen \['W7'\] are not initializers or Constant nodes of the model's graph",
+        ),
         ({"trainable": ["h"]}, ValueError, r"trainable \['h'\] are not initializers"),
         ({"frozen": ["W1", "W1"]}, ValueError, r"frozen= names \['W1'\] more than once"),
-        ({"frozen": "W1"}, TypeError, r"frozen= takes a list of initializer names.*\['W1'\]"),
+        ({"frozen": "W1"}, TypeError, r"frozen= takes a list of tensor names.*\['W1'\]"),
         (
             {"frozen": ["W1", "b1", "W2", "b2"]},
             ValueError,
@@ -258,7 +262,7 @@ def test_a_float_initializer_read_only_as_a_shape_is_no_weight() -> None:
     assert _xs(model) == ["W", "b"]
     with pytest.raises(
         ValueError,
-        match=r"trainable names initializers that are not weights: 'shape_f' is read as a shape "
+        match=r"trainable names tensors that are not weights: 'shape_f' is read as a shape "
         r"\(input 1 of node 'reshape' \(ai.onnx.Reshape\)\); 'axes' is of dtype int64",
     ):
         training.attach(
@@ -266,11 +270,20 @@ def test_a_float_initializer_read_only_as_a_shape_is_no_weight() -> None:
         )
 
 
-def test_a_float_initializer_read_as_data_too_is_a_weight() -> None:
+def test_a_weight_the_loss_output_does_not_reach_is_not_trained() -> None:
+    # 'shape_f' is also read as data, but only by a second output the loss does not read.
     model = _shapes_model()
     model.graph.node.append(helper.make_node("Identity", ["shape_f"], ["also"]))
     model.graph.output.append(helper.make_tensor_value_info("also", F32, [3]))
-    assert _xs(training.attach(model, optimizer=onnx_optax.adam(0.1))) == ["W", "shape_f", "b"]
+    attached = training.attach(model, output="out", optimizer=onnx_optax.adam(0.1))
+    assert _xs(attached) == ["W", "b"]
+    assert training.check(attached) == []
+    kinds = {t.name: t.kind for t in training.plan(model, output="out").tensors}
+    assert kinds["shape_f"] == "unreached"
+    # Read by the loss's output, it is data with 3 elements: a weight.
+    assert _xs(
+        training.attach(model, output="also", loss="mse", optimizer=onnx_optax.adam(0.1))
+    ) == ["shape_f"]
 
 
 def test_nothing_to_train_names_what_is_not_a_weight() -> None:
@@ -282,8 +295,9 @@ def test_nothing_to_train_names_what_is_not_a_weight() -> None:
         del model.graph.initializer[index]
     with pytest.raises(
         ValueError,
-        match=r"nothing to train: the model has no float initializer that is a weight "
-        r"\('shape_f' is read as a shape .*, 'axes' is of dtype int64",
+        match=r"nothing to train: the model has no float initializer or Constant node that is a "
+        r"weight the output reaches \('shape_f' is shape: read as a shape .*, 'axes' is "
+        r"integer: of dtype int64",
     ):
         training.attach(model, optimizer=onnx_optax.adam(0.1))
 
@@ -344,7 +358,7 @@ def test_a_cnn_with_batch_normalization_trains_its_weights_not_its_statistics() 
     x = rng.normal(size=(16, 2, 6, 6)).astype(np.float32)
     label = rng.integers(0, 3, size=16).astype(np.int64)
     session = training.Session(model)
-    losses = [float(session.step({"x": x, "label": label})["loss"]) for _ in range(20)]
+    losses = [float(session.step({"x": x, "target": label})["loss"]) for _ in range(20)]
 
     # Inference-mode BN, the stored statistics: the loss and weights of JAX by hand.
     batches = [(x, label.astype(np.int32))] * 20

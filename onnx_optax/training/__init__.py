@@ -7,6 +7,9 @@
   that write themselves as ONNX ops computing R from T, so a trained model
   carries its recipe (``attach(..., clip_global_norm=)`` does the same for
   gradient clipping).
+* :func:`plan`: every tensor the model stores, whether ``attach`` trains it
+  and why (weights, exporter constants, hyperparameters, Constant nodes it
+  lifts, running statistics, ...).
 * :func:`check`: everything the ONNX checker does not validate about
   ``training_info`` (bindings, Gradient, optimizer state, T), as messages.
 * :class:`Session`: runs the initialization graphs and then algorithm steps,
@@ -55,9 +58,22 @@ except ImportError as _error:
 
 from onnx_optax.training import schedules
 from onnx_optax.training._attach import attach
-from onnx_optax.training._check import check
+from onnx_optax.training._check import Problem, check
 from onnx_optax.training._losses import LOSSES
 from onnx_optax.training._model import TrainingModelError, load
+from onnx_optax.training._plan import Plan, Tensor, plan
 from onnx_optax.training._session import Session
 
-__all__ = ["LOSSES", "Session", "TrainingModelError", "attach", "check", "load", "schedules"]
+__all__ = [
+    "LOSSES",
+    "Plan",
+    "Problem",
+    "Session",
+    "Tensor",
+    "TrainingModelError",
+    "attach",
+    "check",
+    "load",
+    "plan",
+    "schedules",
+]

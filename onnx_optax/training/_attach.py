@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
 from onnx_optax._src.onnx_tensors import read_tensor
@@ -18,30 +18,47 @@ from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype
 from onnx_optax.training._clipping import clip_by_global_norm_nodes
-from onnx_optax.training._frozen import select
-from onnx_optax.training._losses import LOSS_OUTPUT, loss_nodes
-from onnx_optax.training._model import Names, as_model, declared, value_info
+from onnx_optax.training._losses import (
+    CLASS_LOSS_OPSET,
+    CLASS_LOSSES,
+    LOSS_OUTPUT,
+    loss_nodes,
+    softmax_logits,
+)
+from onnx_optax.training._model import Names, as_model, declared, value_info, with_opset
+from onnx_optax.training._plan import lift, loss_output, make_plan
 from onnx_optax.training.schedules import learning_rate_nodes
 
 
 def attach(
     model: onnx.ModelProto | bytes | str | os.PathLike[str],
     *,
-    loss: Any = "softmax_cross_entropy",
-    target: str = "label",
+    loss: str | onnx.GraphProto = "softmax_cross_entropy",
+    target: str | None = None,
     output: str | None = None,
-    optimizer: Any,
+    optimizer: Transformation,
     trainable: Sequence[str] | None = None,
     frozen: Sequence[str] | None = None,
     clip_global_norm: float | None = None,
+    class_axis: int | None = None,
+    lift_constants: bool = True,
 ) -> onnx.ModelProto:
-    """An inference model made trainable: its graph untouched, plus ``training_info``.
+    """An inference model made trainable: its graph computing the same, plus ``training_info``.
 
     The algorithm computes the loss of ``output`` against the new input
-    ``target``, its ``Gradient`` with respect to the ``trainable``
-    initializers, one optimizer step and ``T + 1``; ``update_binding`` writes
-    the new parameters, the optimizer state (stored as initializers, as the
+    ``target``, its ``Gradient`` with respect to the trained tensors, one
+    optimizer step and ``T + 1``; ``update_binding`` writes the new
+    parameters, the optimizer state (stored as initializers, as the
     transformation's ``init`` makes it) and T back. Its loss output is ``loss``.
+
+    What trains is :func:`plan`'s rule, written once for ``attach``,
+    ``check`` and ``onnx-optax attach --list``: the weights the output
+    depends on (initializers and float ``Constant`` nodes in weight
+    positions, lifted into initializers of the same name and value, so
+    inference computes the same), not exporter constants (one element read as
+    data), hyperparameters, input preprocessing, non-finite tensors, running
+    statistics, shapes or integers. Call :func:`plan` with the same arguments
+    to see the table.
 
     The step runs the inference graph as it is written. A BatchNormalization
     node in inference mode (``training_mode=0``, the default; every node
@@ -56,25 +73,27 @@ def attach(
         path (read through the one loading layer, external data from its folder).
       loss: ``"softmax_cross_entropy"`` (logits), ``"log_loss"``
         (probabilities, clipped below at 1e-7), ``"nll"`` (log-probabilities):
-        each with int64 class targets, one per row, the mean over the rows;
-        with a float target shaped like the output, the mean over every
-        element (all rows and all output columns) of ``"mse"`` (p - t)**2,
+        each with int64 class targets, one per position (the output without its
+        class axis), the mean over the positions; with a float target shaped
+        like the output, the mean over every element of ``"mse"`` (p - t)**2,
         ``"l1"`` |p - t| or ``"bce_with_logits"`` (p logits, t in [0, 1])
         max(p, 0) - p*t + log(1 + exp(-|p|)), which is finite for any
         logit; or a ``GraphProto`` with inputs (prediction, target) and one
-        scalar output.
-      target: name of the new graph input holding the targets.
-      output: the graph output the loss reads (default: the first).
+        scalar output. Class losses need ai.onnx opset 12: an older model's
+        opset import is raised to 12 when none of its ops differ between the
+        two, else the model is converted with ``onnx.version_converter``;
+        either way a :class:`UserWarning` says so.
+      target: name of the new graph input holding the targets (default: a
+        name the model does not use, ``"target"`` unless taken).
+      output: the graph output the loss reads (required when there are several).
       optimizer: a transformation built by onnx_optax (adagrad, adam,
         momentum, nesterov; not a chain) whose learning rate is a number or a
         schedule of :mod:`onnx_optax.training.schedules`, written as ops
         computing R from the stored T (the count the transformation passes).
-      trainable: the initializers to train, exactly (default: every weight).
-        A weight is a float initializer that the inference graph reads as
-        data: integer ones, BatchNormalization's running mean and variance
-        and those read only as shapes (Reshape's shape, Slice's starts, axes,
-        ..., followed through Identity and Cast) are not, and naming one here
-        is an error. Those initializers stay as stored.
+      trainable: the tensors to train, exactly (initializer names, or the
+        output names of float Constant nodes). Running statistics, shapes and
+        integer tensors cannot be named; a constant can, and :func:`check`
+        then says it trains.
       frozen: the weights not to train, every other one is (instead of
         ``trainable``; not both).
       clip_global_norm: clip the gradients to this global norm before the
@@ -82,6 +101,13 @@ def attach(
         clipping): with ``norm = sqrt(sum of all squared gradient elements)``,
         each gradient ``g`` becomes ``g / norm * clip_global_norm`` when
         ``norm >= clip_global_norm``.
+      class_axis: the axis of ``output`` holding the classes, for class
+        losses (default 1: ``[N, C]`` or ``[N, C, d1, ...]``; 2 or -1 for a
+        time-major ``[T, N, C]``). An axis whose size is symbolic while another
+        is fixed is refused, naming the output and its shape.
+      lift_constants: store the float Constant nodes that train as
+        initializers (default); False leaves every Constant node as it is and
+        untrained.
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
@@ -91,17 +117,20 @@ def attach(
     operator = operator_of(optimizer)
     if model.training_info:
         raise ValueError("the model already has training_info; attach takes an inference model")
+    output = loss_output(model, output)
+    outputs = {o.name: o for o in model.graph.output}
+    elem, shape = declared(outputs[output])
+    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+        raise ValueError(f"output {output!r} is not a float tensor; the loss reads a float output")
+    if isinstance(loss, str) and loss in CLASS_LOSSES:
+        model = with_opset(model, CLASS_LOSS_OPSET)
+    chosen_plan = make_plan(model, output, trainable, frozen, lift_constants)
+    model = lift(model, chosen_plan.lifted)
     graph = model.graph
     names = Names(graph)
-    outputs = {o.name: o for o in graph.output}
-    if not outputs:
-        raise ValueError("the model's graph has no output for the loss to read")
-    output = graph.output[0].name if output is None else output
-    if output not in outputs:
-        raise ValueError(
-            f"output {output!r} is not a graph output; the outputs are {list(outputs)}"
-        )
-    if target in names.taken:
+    if target is None:
+        target = names("target")
+    elif target in names.taken:
         raise ValueError(
             f"target {target!r} is already a tensor name of the model; pass another target="
         )
@@ -109,18 +138,19 @@ def attach(
     if LOSS_OUTPUT in names.taken:
         raise ValueError(f"the model already has a tensor named {LOSS_OUTPUT!r}, the loss output")
     names.taken.add(LOSS_OUTPUT)
-    elem, shape = declared(outputs[output])
-    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
-        raise ValueError(f"output {output!r} is not a float tensor; the loss reads a float output")
 
-    values = {i.name: read_tensor(i, "graph initializer") for i in graph.initializer}
-    chosen = select(graph, values, trainable, frozen)
-    params = {n: values[n] for n in chosen}
+    chosen = chosen_plan.trained
+    values = {i.name: i for i in graph.initializer}
+    params = {n: read_tensor(values[n], "graph initializer") for n in chosen}
     dtype = _common_dtype(list(params.values()))
     p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
 
-    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    nodes, inits, target_info, value = loss_nodes(loss, output, elem, shape, target, names, opset)
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    rank = None if shape is None else len(shape)
+    logits = softmax_logits(graph, output, rank, class_axis, opset) if loss == "log_loss" else None
+    nodes, inits, target_info, value = loss_nodes(
+        loss, output, elem, shape, target, names, class_axis, logits
+    )
     nodes.append(helper.make_node("Identity", [value], [LOSS_OUTPUT]))
 
     grads = [names(f"{n}.grad") for n in chosen]

@@ -16,7 +16,6 @@ from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
 from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.registry import OPERATORS
 from onnx_optax.training._combined import Entry
-from onnx_optax.training._frozen import not_weights, trained_non_weights
 from onnx_optax.training._model import (
     abstract,
     as_model,
@@ -25,6 +24,7 @@ from onnx_optax.training._model import (
     opsets,
     read_initializers,
 )
+from onnx_optax.training._plan import NEVER, WEIGHT, kinds_of
 
 
 def _binding_problems(
@@ -111,7 +111,6 @@ def _entry_problems(
         | {i.name for i in algorithm.initializer}
     )
     defined = sources | {n for node in (*main.node, *algorithm.node) for n in node.output}
-    excluded = not_weights(main, initializers)
     for node in algorithm.node:
         if node.domain == DOMAIN and node.op_type == GRADIENT:
             try:
@@ -124,12 +123,13 @@ def _entry_problems(
                 problems.append(
                     f"{where}: {describe(node)}: xs {bad} are not initializers or inputs"
                 )
-            problems += trained_non_weights(where, node, xs, excluded)
             if y not in defined:
                 problems.append(f"{where}: {describe(node)}: y '{y}' names no tensor of the graph")
+            else:
+                problems += _trained_problems(where, node, model, xs, y, initializers)
         elif node.domain == DOMAIN and node.op_type in OPERATORS:
             problems += _optimizer_problems(where, node, binding, initializers, algorithm)
-    if problems:
+    if any(getattr(p, "blocking", True) for p in problems):
         return problems
     state = {n: initializers[n] for n in mutable(model)}
     try:
@@ -141,9 +141,22 @@ def _entry_problems(
         elem, dims = declared(value)
         if elem == 0 or dims is None:
             return problems
+        if not all(isinstance(d, int) for d in dims):
+            # A symbolic or unknown size: Session checks the step on its first feeds of
+            # each signature, before any state changes; a stand-in size could fail a
+            # model that runs (a convolution shrinking a small stand-in to nothing).
+            # What the algorithm declares its bound outputs to be is checked here.
+            found = {}
+            for output in algorithm.output:
+                out_elem, out_dims = declared(output)
+                if out_elem and out_dims is not None and all(isinstance(d, int) for d in out_dims):
+                    out_dtype = tensor_dtype(out_elem, f"output '{output.name}'")
+                    found[output.name] = jax.ShapeDtypeStruct(
+                        out_dims, jax.dtypes.canonicalize_dtype(out_dtype)
+                    )
+            return problems + _shape_problems(where, "update_binding", binding, found, initializers)
         dtype = tensor_dtype(elem, f"input '{value.name}'")
-        shape = [d if isinstance(d, int) else 2 for d in dims]
-        specs[value.name] = jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype))
+        specs[value.name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
     try:
         values = jax.eval_shape(
             lambda s, f: entry.function.apply({**f, **s}, entry.constants),
@@ -165,6 +178,70 @@ def _entry_problems(
         problems += _shape_problems(
             where, "initialization_binding", init_binding, found, initializers
         )
+    return problems
+
+
+class Problem(str):
+    """One finding of :func:`check`: its text, and whether it stops the model from running.
+
+    A *warning* (``blocking`` False) is something the model runs with but
+    probably should not: an exporter constant or a hyperparameter trained, a
+    weight the loss does not depend on. :class:`Session` refuses a model only
+    for blocking problems.
+    """
+
+    blocking: bool
+
+    def __new__(cls, text: str, *, blocking: bool = True) -> Problem:
+        problem = super().__new__(cls, text)
+        problem.blocking = blocking
+        return problem
+
+
+def _trained_problems(
+    where: str,
+    node: onnx.NodeProto,
+    model: onnx.ModelProto,
+    xs: Sequence[str],
+    y: str,
+    initializers: Mapping[str, np.ndarray],
+) -> list[str]:
+    """Gradient ``xs`` that :func:`plan`'s rule does not call weights, each named with why.
+
+    Statistics, shapes and integers are blocking (an optimizer would corrupt
+    them); constants, hyperparameters and weights ``y`` does not reach are
+    warnings.
+    """
+    main = model.graph
+    stored = [x for x in xs if x in initializers]
+    if not stored:
+        return []
+    kinds = kinds_of(
+        main,
+        [n for info in model.training_info for n in info.algorithm.node],
+        {x: initializers[x] for x in stored},
+        y,
+    )
+    problems: list[str] = []
+    for x in stored:
+        kind, why = kinds[x]
+        if kind == WEIGHT:
+            continue
+        if kind in NEVER:
+            problems.append(
+                Problem(
+                    f"{where}: {describe(node)}: xs '{x}' is {why}, not a weight; an optimizer "
+                    "would move it by its gradient: leave it out of xs (attach's default does)"
+                )
+            )
+        else:
+            problems.append(
+                Problem(
+                    f"{where}: {describe(node)}: xs '{x}' trains, but it is a {kind} ({why}); "
+                    "attach's default leaves it as stored",
+                    blocking=False,
+                )
+            )
     return problems
 
 
@@ -245,28 +322,31 @@ def _optimizer_problems(
     return problems
 
 
-def check(model: Any) -> list[str]:
-    """What would stop ``model``'s ``training_info`` from running; ``[]`` when sound.
+def check(model: Any) -> list[Problem]:
+    """What would stop the training_info from running, or looks wrong; ``[]`` when sound.
 
     Checks what the ONNX checker does not: each binding's key is an
     initializer bound once, its value an output of the matching graph with
     the initializer's shape and dtype; initialization graphs have no inputs;
-    Gradient ``xs`` are initializers or inputs, none of them an initializer
-    that is not a weight (an integer one, BatchNormalization's running mean or
-    variance, one read only as a shape: see :func:`attach`), and ``y`` names
-    a tensor; each optimizer node's parameters and state stored as
-    initializers are bound to its outputs and a stored T (an int64 scalar) to
-    T + 1; the algorithm traces on its declared inputs. Each message names the
-    entry and the node or binding.
+    Gradient ``xs`` are initializers or inputs, none of them a running
+    statistic, a shape or an integer tensor, and ``y`` names a tensor; each
+    optimizer node's parameters and state stored as initializers are bound to
+    its outputs and a stored T (an int64 scalar) to T + 1; when every input's
+    size is declared, the algorithm traces on them (with symbolic or unknown
+    sizes, :class:`Session` checks each feed signature before its first step).
+    Warnings (``problem.blocking`` False): ``xs`` holding what :func:`plan`
+    does not call a weight (an exporter constant, a hyperparameter, input
+    preprocessing, a non-finite tensor) or a weight ``y`` does not depend on.
+    Each message names the entry and the node or binding.
     """
     model = as_model(model)
     if not model.training_info:
-        return ["the model has no training_info: there is no training algorithm"]
+        return [Problem("the model has no training_info: there is no training algorithm")]
     try:
         initializers = read_initializers(model)
     except (TypeError, ValueError) as error:
-        return [str(error)]
-    problems = []
+        return [Problem(str(error))]
+    problems: list[str] = []
     for index in range(len(model.training_info)):
         problems += _entry_problems(model, index, initializers)
-    return problems
+    return [p if isinstance(p, Problem) else Problem(p) for p in problems]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,10 +70,87 @@ def declared(value: onnx.ValueInfoProto) -> tuple[int, list[Any] | None]:
     kind = value.type.tensor_type
     if not kind.HasField("shape"):
         return kind.elem_type, None
+    # A negative dim_value (PaddlePaddle writes -1) is an unknown size, as an empty dim is,
+    # and so is the dim_param "?" (PaddlePaddle's too), which names no size shared by dims.
     dims = [
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in kind.shape.dim
+        d.dim_value
+        if d.HasField("dim_value") and d.dim_value >= 0
+        else (d.dim_param if d.dim_param not in ("", "?") else None)
+        for d in kind.shape.dim
     ]
     return kind.elem_type, dims
+
+
+def _standard_ops(graph: onnx.GraphProto) -> set[str]:
+    """The ai.onnx op types of a graph and of the graphs its nodes hold (If, Loop, Scan)."""
+    found: set[str] = set()
+    todo = [graph]
+    while todo:
+        for node in todo.pop().node:
+            if node.domain in ("", "ai.onnx"):
+                found.add(node.op_type)
+            for attribute in node.attribute:
+                todo += [attribute.g] if attribute.HasField("g") else []
+                todo += list(attribute.graphs)
+    return found
+
+
+def _since(op: str, version: int) -> int | None:
+    try:
+        return int(onnx.defs.get_schema(op, version, "").since_version)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def with_opset(model: onnx.ModelProto, needed: int) -> onnx.ModelProto:
+    """``model`` importing ai.onnx opset ``needed`` or newer, computing the same.
+
+    When every op of the graph has the same definition at the model's opset
+    and at ``needed``, only the import is raised; otherwise the model is
+    converted with ``onnx.version_converter``. Either way a ``UserWarning``
+    says what was done; a model that cannot be converted is refused.
+    """
+    imports = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    version = int(imports[0].version) if imports else 1
+    if version >= needed:
+        return model
+    changed = sorted(
+        op for op in _standard_ops(model.graph) if _since(op, version) != _since(op, needed)
+    )
+    if not changed:
+        result = onnx.ModelProto()
+        result.CopyFrom(model)
+        for opset in result.opset_import:
+            if opset.domain in ("", "ai.onnx"):
+                opset.version = needed
+        warnings.warn(
+            f"the model imports ai.onnx opset {version} and the loss needs {needed}; none of its "
+            f"ops changed between the two, so attach raised the import to {needed} (the graph "
+            "is unchanged)",
+            UserWarning,
+            stacklevel=3,
+        )
+        return result
+    from onnx import version_converter
+
+    try:
+        result = version_converter.convert_version(model, needed)
+        onnx.checker.check_model(result)
+    except Exception as error:  # the converter's failures have no common type
+        raise ValueError(
+            f"the model imports ai.onnx opset {version} and the loss needs {needed}; its ops "
+            f"{changed} differ between the two and onnx.version_converter could not convert it "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); convert it "
+            f"to opset {needed} or newer yourself, or choose an elementwise loss (mse, l1, "
+            "bce_with_logits), which runs at any opset"
+        ) from None
+    warnings.warn(
+        f"the model imports ai.onnx opset {version} and the loss needs {needed}; its ops "
+        f"{changed} differ between the two, so attach converted it with onnx.version_converter",
+        UserWarning,
+        stacklevel=3,
+    )
+    return result
 
 
 def mutable(model: onnx.ModelProto) -> list[str]:

@@ -71,7 +71,7 @@ class Session:
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._split = NamedSharding(mesh, PartitionSpec("batch"))
         loaded = as_model(model)
-        problems = check(loaded)
+        problems = [p for p in check(loaded) if p.blocking]
         if problems:
             raise TrainingModelError(problems)
         initializers = read_initializers(loaded)
