@@ -1,8 +1,9 @@
 """An ONNX backend (``onnx.backend.base`` convention) running models on XLA.
 
-It runs ``ai.onnx.preview.training`` Adagrad, Adam, Momentum and Gradient, and
-the standard ONNX ops listed in ``docs/onnx-ops.md`` (``supported_ops()``), with
-XLA on whatever device JAX sees. ``prepare`` compiles the nodes the graph's
+It runs ``ai.onnx.preview.training`` Adagrad, Adam, Momentum and Gradient, the
+standard ONNX ops and the ``ai.onnx.ml`` ops of scikit-learn exports (inference)
+listed in ``docs/onnx-ops.md`` (``supported_ops()``), with XLA on whatever device
+JAX sees. ``prepare`` compiles the nodes the graph's
 outputs need into one jitted function (compiled once per input signature);
 attributes come from the node, defaults from the ONNX schema of the model's
 opset. A needed node of any other op is refused at prepare time with one

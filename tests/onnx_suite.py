@@ -4,8 +4,8 @@ The official runner (``onnx.backend.test.BackendTest``) holds every case; this
 module picks three sets from it:
 
 (a) training: the 7 optimizer node cases and the 2 Gradient model cases;
-(b) node: every node case of an op in the registry (an ``_expanded`` case goes
-    with the op of its unexpanded twin);
+(b) node: every node case of an op in the registry, any of its domains (an
+    ``_expanded`` case goes with the op of its unexpanded twin);
 (c) pytorch: the ``pytorch-converted`` and ``pytorch-operator`` model cases.
 
 A case is left out only by a pattern in ``EXCLUDED`` with its reason. The cases
@@ -66,14 +66,17 @@ def registered_node_cases() -> list[str]:
     """Names of the node cases whose op is in the registry."""
     from onnx.backend.test.loader import load_node_model_tests
 
-    from onnx_optax._src.onnx_ops import OPS
+    from onnx_optax._src.onnx_ops import REGISTRY
+
+    def registered(domain: str, op_type: str) -> bool:
+        return op_type in REGISTRY.get("" if domain == "ai.onnx" else domain, {})
 
     cases = load_node_model_tests()
     ops = {c.name: {(n.domain, n.op_type) for n in c.model.graph.node} for c in cases}
     return sorted(
         name
         for name, found in ops.items()
-        if all(d in ("", "ai.onnx") and t in OPS for d, t in ops.get(_base(name), found))
+        if all(registered(d, t) for d, t in ops.get(_base(name), found))
     )
 
 

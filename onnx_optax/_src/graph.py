@@ -1,4 +1,4 @@
-"""An ONNX graph as one JAX function: standard ops, optimizer nodes and ``Gradient``.
+"""An ONNX graph as one JAX function: registered ops, optimizer nodes and ``Gradient``.
 
 :class:`GraphFunction` checks a ``GraphProto`` once (every needed node
 supported, attributes typed, names defined, no cycle), keeps only the nodes the
@@ -32,6 +32,7 @@ from onnx_optax._src.graph_packing import (
     pack,
     unpack,
 )
+from onnx_optax._src.onnx_ml_ops import ADVICE, ML_DOMAIN
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPERATORS,
@@ -42,15 +43,23 @@ from onnx_optax._src.onnx_nodes import (
 )
 from onnx_optax._src.onnx_ops import (
     MAX_TENSOR_BYTES,
-    OPS,
+    REGISTRY,
     STANDARD_DOMAINS,
     Node,
     check_omitted_inputs,
     check_size,
+    domain_of,
+    find_op,
     is_static,
     read_attributes,
 )
-from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
+from onnx_optax._src.onnx_tensors import (
+    STRINGS_ADVICE,
+    read_tensor,
+    refuse_narrowing,
+    tensor_dtype,
+    utf8,
+)
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -59,26 +68,25 @@ STATIC_INITIALIZER_LIMIT = 1 << 12
 Env = dict[str, Any]
 
 
-def latest_opset() -> int:
+def latest_opset(domain: str = "") -> int:
+    """The newest opset the installed onnx defines for ``domain`` ('' for ai.onnx)."""
     import onnx
 
+    if domain == ML_DOMAIN:
+        return int(onnx.defs.onnx_ml_opset_version())
     return int(onnx.defs.onnx_opset_version())
 
 
-def _domain(node: Any) -> str:
-    return "" if node.domain in STANDARD_DOMAINS else node.domain
-
-
 def is_supported(node: Any) -> bool:
-    domain = _domain(node)
-    if domain == "":
-        return node.op_type in OPS
-    return domain == DOMAIN and (node.op_type in OPERATORS or node.op_type == GRADIENT)
+    if find_op(node) is not None:
+        return True
+    return domain_of(node) == DOMAIN and (node.op_type in OPERATORS or node.op_type == GRADIENT)
 
 
 def supported_ops() -> dict[str, list[str]]:
-    """Every op type that runs, by domain (``ai.onnx`` and the training domain)."""
-    return {"ai.onnx": sorted(OPS), DOMAIN: sorted([*OPERATORS, GRADIENT])}
+    """Every op type that runs, by domain (the registry's domains and the training domain)."""
+    ops = {domain or "ai.onnx": sorted(table) for domain, table in REGISTRY.items()}
+    return {**ops, DOMAIN: sorted([*OPERATORS, GRADIENT])}
 
 
 def host_array(what: str, value: Any) -> np.ndarray:
@@ -119,10 +127,15 @@ class _Step:
 
 
 class _StandardStep(_Step):
+    """A node of an op in the registry (ai.onnx, ai.onnx.ml), read at its domain's opset."""
+
     def __init__(self, graph: GraphFunction, node: Any) -> None:
         super().__init__(graph, node)
-        opset = graph.opsets.get("", latest_opset())
-        self.op = OPS[node.op_type]
+        domain = domain_of(node)
+        opset = graph.opsets.get(domain, latest_opset(domain))
+        op = find_op(node)
+        assert op is not None  # the graph checked is_supported
+        self.op = op
         check_omitted_inputs(node, opset, self.where)
         self.info = Node(
             attrs=read_attributes(node, opset, self.where),
@@ -131,6 +144,11 @@ class _StandardStep(_Step):
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
         )
+        if op.check is not None:
+            try:
+                op.check(self.info)
+            except (TypeError, ValueError) as error:
+                raise _wrap(self.where, error) from None
 
     def run(self, env: Env) -> None:
         args = [materialize(env[name]) if name else None for name in self.inputs]
@@ -315,7 +333,7 @@ def _gradient_names(node: Any) -> tuple[str, set[str]]:
 
 
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
-    if _domain(node) == "":
+    if find_op(node) is not None:
         return _StandardStep(graph, node)
     if node.op_type == GRADIENT:
         return _GradientStep(graph, node)
@@ -326,19 +344,44 @@ def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> Unsupp
     """One error listing every unsupported (domain, op, opset) among ``nodes``."""
     found = sorted(
         {
-            (node.domain or "ai.onnx", node.op_type, opsets.get(_domain(node), 0))
+            (node.domain or "ai.onnx", node.op_type, opsets.get(domain_of(node), 0))
             for node in nodes
             if not is_supported(node)
         }
     )
     first = next(node for node in nodes if not is_supported(node))
     listed = ", ".join(f"{d}.{op} (opset {v})" for d, op, v in found)
+    advice = "".join(f" {ADVICE[op]}." for d, op, _ in found if d == ML_DOMAIN and op in ADVICE)
+    runs = ", ".join(f"{len(table)} ops of {d or 'ai.onnx'}" for d, table in REGISTRY.items())
     return UnsupportedOperatorError(
         f"{describe(first)}: unsupported op {first.op_type} in domain "
-        f"'{first.domain or 'ai.onnx'}'; the graph needs {len(found)} unsupported op(s): {listed}. "
-        f"onnx_optax runs {len(OPS)} standard ops (see docs/onnx-ops.md), Adagrad, Adam, "
+        f"'{first.domain or 'ai.onnx'}'; the graph needs {len(found)} unsupported op(s): {listed}."
+        f"{advice} onnx_optax runs {runs} (see docs/onnx-ops.md), and Adagrad, Adam, "
         f"Momentum and Gradient of '{DOMAIN}'"
     )
+
+
+def _refuse_strings(graph: Any, nodes: Sequence[Any]) -> None:
+    """Refuses, by node, a string tensor that ``nodes`` read or compute (XLA holds none).
+
+    The types are the declared ones: initializers, graph inputs and outputs, value_info.
+    """
+    import onnx
+
+    strings = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.STRING}
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            strings.add(info.name)
+    if not strings:
+        return
+    for node in nodes:
+        for kind, names in (("input", node.input), ("output", node.output)):
+            for name in names:
+                if name in strings:
+                    raise TypeError(
+                        f"{describe(node)}: its {kind} '{name}' is a string tensor; "
+                        f"{STRINGS_ADVICE}"
+                    )
 
 
 def _declared(name: str, out: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
@@ -388,15 +431,6 @@ class GraphFunction:
             i.name for i in graph.input if i.name not in outer and i.name not in initializers
         )
         self.output_names = tuple(outputs or (o.name for o in graph.output))
-        declared = {
-            o.name: o.type.tensor_type.elem_type
-            for o in graph.output
-            if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type
-        }
-        self.output_dtypes = tuple(
-            tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
-            for n in self.output_names
-        )
         self._available = {*self.input_names, *outer, *initializers}
         self._nodes = list(graph.node)
         self._producer: dict[str, int] = {}
@@ -412,6 +446,16 @@ class GraphFunction:
         needed = self._needed(self.output_names)
         if any(not is_supported(self._nodes[i]) for i in needed):
             raise unsupported_error(self._nodes, self.opsets)
+        _refuse_strings(graph, [self._nodes[i] for i in sorted(needed)])
+        declared = {
+            o.name: o.type.tensor_type.elem_type
+            for o in graph.output
+            if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type
+        }
+        self.output_dtypes = tuple(
+            tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
+            for n in self.output_names
+        )
         for index in sorted(needed):
             self._step(index)
         self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
@@ -475,7 +519,7 @@ class GraphFunction:
             return self._deps_memo[index]
         node = self._nodes[index]
         deps = [name for name in node.input if name]
-        if _domain(node) == DOMAIN and node.op_type == GRADIENT:
+        if domain_of(node) == DOMAIN and node.op_type == GRADIENT:
             self._deps_memo[index] = tuple(deps)  # guards against y depending on itself
             y, stop = _gradient_names(node)
             reached = self._reach([y] if y else [], stop, index)
@@ -510,7 +554,7 @@ class GraphFunction:
         while todo:
             index = todo.pop()
             node = self._nodes[index]
-            if _domain(node) == DOMAIN and node.op_type == GRADIENT:
+            if domain_of(node) == DOMAIN and node.op_type == GRADIENT:
                 y, stop = _gradient_names(node)
                 for found in self._reach([y] if y else [], stop, index) - needed:
                     needed.add(found)

@@ -1,12 +1,16 @@
 """The standard ONNX ops (domain ``ai.onnx``) as small jax.numpy/lax functions.
 
-One registry, keyed by op type (not by opset version): ``OPS["Relu"]`` is an
-:class:`Op` whose ``fn(node, *inputs)`` follows the newest opset's semantics and
-branches only where a newer opset changed them (``axes`` moving from an
-attribute to an input, Softmax's axis, Pad's and Slice's old attribute forms).
+One registry, keyed by domain and then by op type (not by opset version):
+``REGISTRY[""]["Relu"]``, also ``OPS["Relu"]`` (``OPS`` is the ``ai.onnx``
+table), is an :class:`Op` whose ``fn(node, *inputs)`` follows the newest opset's
+semantics and branches only where a newer opset changed them (``axes`` moving
+from an attribute to an input, Softmax's axis, Pad's and Slice's old attribute
+forms). Other domains' ops register into the same registry from their own
+module (``register("Scaler", domain="ai.onnx.ml")`` in ``onnx_ml_ops``, imported
+at the end of this module so that importing the registry registers them all).
 ``node`` is a :class:`Node`: the attributes by name with the schema's defaults
-for the model's opset, the opset itself and how errors name the node. Absent
-optional inputs arrive as ``None``.
+for the model's opset of the node's domain, the opset itself and how errors
+name the node. Absent optional inputs arrive as ``None``.
 
 Shape-valued inputs (``Op.static``: Reshape's shape, Slice's starts, Reduce
 axes, ...) are numpy arrays known at trace time; ops whose inputs are all numpy
@@ -28,7 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_tensors import read_tensor, refuse_narrowing, tensor_dtype, utf8
+from onnx_optax._src.onnx_tensors import (
+    STRINGS_ADVICE,
+    read_tensor,
+    refuse_narrowing,
+    tensor_dtype,
+    utf8,
+)
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 # The default Limits.tensor_bytes (onnx_optax._src.load): the most bytes one tensor a
@@ -56,19 +66,41 @@ class Node:
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    """One op type: its function and the input positions read at trace time."""
+    """One op type: its function, the input positions read at trace time, its checks."""
 
     fn: Callable[..., Any]
     static: tuple[int, ...] = ()  # inputs that must be known while tracing (shapes, axes)
+    # Checks the attributes alone when the graph is prepared (before any input is seen).
+    check: Callable[[Node], None] | None = None
 
 
-OPS: dict[str, Op] = {}
+# The one registry: domain ('' for ai.onnx) -> op type -> Op.
+REGISTRY: dict[str, dict[str, Op]] = {"": {}}
+OPS: dict[str, Op] = REGISTRY[""]  # the ai.onnx ops
 
 
-def register(*names: str, static: tuple[int, ...] = ()) -> Callable[..., Any]:
+def domain_of(node: Any) -> str:
+    """A node's domain as the registry keys it ('' for ai.onnx, however written)."""
+    return "" if node.domain in STANDARD_DOMAINS else node.domain
+
+
+def find_op(node: Any) -> Op | None:
+    """The registered op running ``node`` (by its domain and op type), if any."""
+    return REGISTRY.get(domain_of(node), {}).get(node.op_type)
+
+
+def register(
+    *names: str,
+    static: tuple[int, ...] = (),
+    domain: str = "",
+    check: Callable[[Node], None] | None = None,
+) -> Callable[..., Any]:
+    """Registers ``fn(node, *inputs)`` as the op(s) ``names`` of ``domain``."""
+    table = REGISTRY.setdefault("" if domain in STANDARD_DOMAINS else domain, {})
+
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         for name in names:
-            OPS[name] = Op(fn, static)
+            table[name] = Op(fn, static, check)
         return fn
 
     return wrap
@@ -351,8 +383,14 @@ def _convert(node: Node, x: Any, target: np.dtype) -> Any:
     return _cast(x, target)
 
 
-@register("Cast")
+def _cast_check(node: Node) -> None:
+    if node["to"] == 8:  # TensorProto.STRING
+        raise TypeError(f"{node.where}: casts to STRING; {STRINGS_ADVICE}")
+
+
+@register("Cast", check=_cast_check)
 def _cast_op(node: Node, x: Any) -> Any:
+    _cast_check(node)
     return _convert(node, x, tensor_dtype(node["to"], node.where))
 
 
@@ -1230,7 +1268,7 @@ def node_schema(node: Any, opset: int, where: str) -> Any:
     """The node's ``OpSchema`` at ``opset`` (else its newest); "ai.onnx" is the default domain."""
     import onnx
 
-    domain = "" if node.domain in STANDARD_DOMAINS else node.domain
+    domain = domain_of(node)
     try:
         return onnx.defs.get_schema(node.op_type, opset, domain)
     except onnx.defs.SchemaError:
@@ -1323,3 +1361,8 @@ def _attribute_value(attribute: Any, where: str) -> Any:
     if kind in (onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS):
         return list(value)
     return value
+
+
+# The other domains' ops register into REGISTRY when their module is imported: here, so
+# that whoever reads the registry sees them all.
+from onnx_optax._src import onnx_ml_ops  # noqa: E402, F401

@@ -27,6 +27,12 @@ _REFUSED = {
     "STRING": "string tensors",
     "UNDEFINED": "an undefined element type",
 }
+# What to do about a string tensor (a class label, a category), which XLA cannot hold.
+STRINGS_ADVICE = (
+    "XLA computes numbers only, so onnx_optax runs no string tensor; keep the labels numeric "
+    "(for a scikit-learn classifier: fit it on integer class labels, e.g. "
+    "LabelEncoder().fit_transform(y), and map the predicted integers back to names on the host)"
+)
 # Types packed below one byte per element in raw_data: bits per element.
 _PACKED_BITS = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2}
 

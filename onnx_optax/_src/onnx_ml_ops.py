@@ -1,0 +1,368 @@
+"""The ``ai.onnx.ml`` ops that scikit-learn exports (skl2onnx) put around a model.
+
+Inference only: ``ArrayFeatureExtractor`` (a classifier's label, ``classes[argmax]``),
+``Scaler``, ``Normalizer``, ``LinearRegressor`` and ``LinearClassifier``, each a
+small function registered into the one registry of ``onnx_ops`` under the
+``ai.onnx.ml`` domain; attributes arrive with the ai.onnx.ml schema's defaults
+for the model's ai.onnx.ml opset.
+
+The ONNX operator documents leave much of these ops unsaid; they follow
+onnxruntime, whose kernels skl2onnx targets and onnx's own reference
+implementation copies: features are read as a ``[N, C]`` matrix (a vector is one
+row), the linear models compute in float32 (their outputs are float), ``MAX``
+normalizes by the largest value (not the largest magnitude), a one-column score
+takes only ``PROBIT`` as its post-transform, and a binary ``LinearClassifier``
+(one coefficient row, two class labels) returns ``[1 - p, p]``. Where
+onnxruntime's result is undefined (``PROBIT`` on that binary case) or it reads
+malformed attributes silently (too many coefficients, intercepts of the wrong
+length), the node is refused instead, by name.
+
+Nothing here holds strings: ``classlabels_strings``, a string tensor and
+``ZipMap`` (a sequence of maps) are refused with what to do instead
+(:data:`ADVICE`, ``STRINGS_ADVICE``).
+
+Example:
+  >>> import numpy as np
+  >>> from onnx import helper
+  >>> from onnx_optax import backend
+  >>> node = helper.make_node("Normalizer", ["X"], ["Y"], domain="ai.onnx.ml", norm="L1")
+  >>> (y,) = backend.run_node(node, [np.array([[1.0, 3.0], [0.0, 0.0]], np.float32)])
+  >>> print(y)
+  [[0.25 0.75]
+   [0.   0.  ]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from onnx_optax._src.onnx_ops import Node, is_static, register
+from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
+
+ML_DOMAIN = "ai.onnx.ml"
+
+# Ops of ai.onnx.ml that XLA cannot run, with what to do instead (unsupported_error adds it).
+ADVICE = {
+    "ZipMap": (
+        "ZipMap returns a sequence of maps (one dict per row), which XLA cannot hold; export "
+        "the classifier without it to get the probabilities as a [N, classes] tensor (skl2onnx: "
+        "to_onnx(model, X, options={id(model): {'zipmap': False}}))"
+    ),
+}
+
+_FEATURES = ("float32", "float64", "int32", "int64")  # the schemas' T for features
+_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
+_F32 = np.float32
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_dtype(node: Node, x: Any, name: str, allowed: Sequence[str]) -> None:
+    if np.dtype(x.dtype).name not in allowed:
+        raise TypeError(
+            f"{node.where}: input {name} has dtype {np.dtype(x.dtype)}; it must be one of "
+            f"{', '.join(allowed)}"
+        )
+
+
+def _rows(node: Node, x: Any) -> Any:
+    """The features as a float32 ``[N, C]`` matrix; a vector ``[C]`` is one row."""
+    _check_dtype(node, x, "X", _FEATURES)
+    if np.ndim(x) not in (1, 2):
+        raise ValueError(
+            f"{node.where}: input X has shape {list(np.shape(x))}; it must be [N, C] or [C]"
+        )
+    x = jnp.asarray(x)
+    return (x.reshape(1, -1) if x.ndim == 1 else x).astype(_F32)
+
+
+def _floats(node: Node, name: str) -> np.ndarray:
+    """A FLOATS attribute as float32 (empty when absent)."""
+    return np.asarray(node.get(name, []), _F32).reshape(-1)
+
+
+def _transform(node: Node) -> str:
+    value = node["post_transform"]
+    if value not in _TRANSFORMS:
+        raise ValueError(
+            f"{node.where}: post_transform {value!r} is not one of {', '.join(_TRANSFORMS)}"
+        )
+    return str(value)
+
+
+def _affine(x: Any, coefficients: np.ndarray, intercepts: np.ndarray) -> Any:
+    """``x @ W.T + intercepts``, W the coefficients as rows of x's width, in float32.
+
+    Full precision on every backend (no TF32): a label must not flip with the device.
+    """
+    w = jnp.asarray(coefficients.reshape(-1, x.shape[1]))
+    scores = jnp.matmul(x, w.T, precision=lax.Precision.HIGHEST)
+    return scores + jnp.asarray(intercepts) if intercepts.size else scores
+
+
+def _probit(p: Any) -> Any:
+    """``sqrt(2) * erfinv(2p - 1)``, erfinv by Winitzki's approximation (a = 0.147).
+
+    The approximation is the semantics: onnxruntime and onnx's reference both use it.
+    """
+    x = 2 * p - 1
+    log = jnp.log((1 - x) * (1 + x))
+    a = 2 / (math.pi * 0.147) + 0.5 * log
+    root = jnp.sqrt(jnp.sqrt(a * a - log / 0.147) - a)
+    return math.sqrt(2) * jnp.where(x < 0, -root, root)
+
+
+def _softmax_zero(scores: Any) -> Any:
+    """Softmax over each row that leaves (near-)zero scores out of the sum.
+
+    A score within 1e-7 of zero becomes ``score * exp(-max)`` instead of
+    ``exp(score - max)`` and adds nothing to the row's sum (a row of zeros
+    gives NaN, as in onnxruntime).
+    """
+    peak = jnp.max(scores, axis=1, keepdims=True)
+    kept = jnp.abs(scores) > 1e-7
+    values = jnp.where(kept, jnp.exp(scores - peak), scores * jnp.exp(-peak))
+    return values / jnp.sum(jnp.where(kept, values, 0), axis=1, keepdims=True)
+
+
+def _post_transform(scores: Any, transform: str) -> Any:
+    """A post-transform of ``[N, K]`` scores; a single column (K = 1) takes only PROBIT."""
+    if transform == "PROBIT":
+        return _probit(scores)
+    if scores.shape[1] == 1 or transform == "NONE":
+        return scores
+    if transform == "LOGISTIC":
+        return jax.nn.sigmoid(scores)
+    if transform == "SOFTMAX":
+        return jax.nn.softmax(scores, axis=1)
+    return _softmax_zero(scores)
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+@register("ArrayFeatureExtractor", domain=ML_DOMAIN)
+def _array_feature_extractor(node: Node, x: Any, indices: Any) -> Any:
+    """``X[..., Y]`` with Y flattened; a vector X gives one row ``[1, len(Y)]``.
+
+    Indices known when the graph is compiled are checked (0 <= Y < X.shape[-1]);
+    an index out of range that only the run reveals selects NaN (float X) or
+    the lowest integer (integer X): XLA cannot raise.
+    """
+    _check_dtype(node, x, "X", _FEATURES)
+    if not np.issubdtype(np.dtype(indices.dtype), np.integer):
+        raise TypeError(f"{node.where}: input Y has dtype {indices.dtype}; it must be int64")
+    if np.ndim(x) == 0:
+        raise ValueError(f"{node.where}: input X is a scalar; it must have at least one axis")
+    width = x.shape[-1]
+    flat = indices.reshape(-1)
+    shape = (1, flat.size) if np.ndim(x) == 1 else (*x.shape[:-1], flat.size)
+    if is_static(indices):
+        outside = flat[(flat < 0) | (flat >= width)]
+        if outside.size:
+            raise ValueError(
+                f"{node.where}: index {int(outside[0])} of Y is out of range for the last axis "
+                f"of X (size {width})"
+            )
+        if is_static(x):
+            return np.take(x, flat, axis=-1).reshape(shape)
+    flat = jnp.where(flat < 0, width, flat)  # negative: out of range too (take would wrap)
+    return jnp.take(jnp.asarray(x), flat, axis=-1, mode="fill").reshape(shape)
+
+
+def _scaler_check(node: Node) -> None:
+    scale, offset = _floats(node, "scale"), _floats(node, "offset")
+    if not scale.size or scale.size != offset.size:
+        raise ValueError(
+            f"{node.where}: scale and offset must have the same, non-zero length (1 or the "
+            f"number of features), got {scale.size} and {offset.size}"
+        )
+
+
+@register("Scaler", domain=ML_DOMAIN, check=_scaler_check)
+def _scaler(node: Node, x: Any) -> Any:
+    """``(X - offset) * scale`` per feature (the last axis of ``[N, C]`` or ``[C]``), as float."""
+    _scaler_check(node)
+    _check_dtype(node, x, "X", _FEATURES)
+    scale, offset = _floats(node, "scale"), _floats(node, "offset")
+    rank = np.ndim(x)
+    if scale.size > 1 and (rank not in (1, 2) or x.shape[-1] != scale.size):
+        raise ValueError(
+            f"{node.where}: scale and offset have {scale.size} values, one per feature, but X "
+            f"has shape {list(np.shape(x))}; X must be [N, {scale.size}] or [{scale.size}] "
+            "(or scale and offset one value each)"
+        )
+    x = jnp.asarray(x)
+    # double stays double until the end (as in onnxruntime); integers become float
+    wide = x.dtype if x.dtype == np.float64 else np.dtype(_F32)
+    x = x.astype(wide)
+    return ((x - offset.astype(wide)) * scale.astype(wide)).astype(_F32)
+
+
+def _normalizer_check(node: Node) -> None:
+    if node["norm"] not in ("MAX", "L1", "L2"):
+        raise ValueError(f"{node.where}: norm {node['norm']!r} is not one of MAX, L1, L2")
+
+
+@register("Normalizer", domain=ML_DOMAIN, check=_normalizer_check)
+def _normalizer(node: Node, x: Any) -> Any:
+    """Each row divided by its MAX (largest value), L1 or L2 norm; a zero norm leaves it.
+
+    ``MAX`` is the largest value, not the largest magnitude (onnxruntime; NaN
+    skipped). ``L2`` is ``sign(x) * sqrt(x**2 / sum(x**2))``. The output is float.
+    """
+    _normalizer_check(node)
+    _check_dtype(node, x, "X", _FEATURES)
+    if np.ndim(x) not in (1, 2):
+        raise ValueError(
+            f"{node.where}: input X has shape {list(np.shape(x))}; it must be [N, C] or [C]"
+        )
+    x = jnp.asarray(x)
+    xf = x.astype(_F32)
+    norm = node["norm"]
+    if norm == "MAX":
+        peak = jnp.max(jnp.where(jnp.isnan(xf), -jnp.inf, xf), axis=-1, keepdims=True)
+        peak = jnp.maximum(peak, np.finfo(_F32).min)  # the lowest float when all are NaN
+        return jnp.where(peak != 0, xf / peak, xf)
+    if norm == "L1":
+        total = jnp.sum(jnp.abs(x).astype(_F32), axis=-1, keepdims=True)
+        return jnp.where(total != 0, xf / total, xf)
+    squares = (x * x).astype(_F32) if jnp.issubdtype(x.dtype, jnp.floating) else xf * xf
+    total = jnp.sum(squares, axis=-1, keepdims=True)
+    root = jnp.sqrt(squares / total)
+    return jnp.where(total != 0, jnp.where(x < 0, -root, root), xf)
+
+
+def _regressor_check(node: Node) -> None:
+    targets = int(node["targets"])
+    coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
+    if targets < 1:
+        raise ValueError(f"{node.where}: targets is {targets}; it must be at least 1")
+    if not coefficients.size or coefficients.size % targets:
+        raise ValueError(
+            f"{node.where}: {coefficients.size} coefficients are no whole number of rows for "
+            f"{targets} target(s)"
+        )
+    if intercepts.size not in (0, targets):
+        raise ValueError(
+            f"{node.where}: {intercepts.size} intercepts for {targets} target(s); give one per "
+            "target, or none"
+        )
+    _transform(node)
+
+
+@register("LinearRegressor", domain=ML_DOMAIN, check=_regressor_check)
+def _linear_regressor(node: Node, x: Any) -> Any:
+    """``X @ coefficients.reshape(targets, C).T + intercepts``, then the post-transform."""
+    _regressor_check(node)
+    rows = _rows(node, x)
+    coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
+    targets = int(node["targets"])
+    if coefficients.size != targets * rows.shape[1]:
+        raise ValueError(
+            f"{node.where}: {targets} target(s) of X's {rows.shape[1]} features need "
+            f"{targets * rows.shape[1]} coefficients, got {coefficients.size}"
+        )
+    scores = _affine(rows, coefficients, intercepts)
+    return _post_transform(scores, _transform(node))
+
+
+def _classifier_labels(node: Node, features: int | None = None) -> np.ndarray:
+    """The class labels (int64), after checking the classifier's attributes.
+
+    The classes are counted by the intercepts, else by the coefficient rows (which
+    needs the number of features, known once X is).
+    """
+    ints, strings = node.get("classlabels_ints", []), node.get("classlabels_strings", [])
+    if len(ints) and len(strings):
+        raise ValueError(
+            f"{node.where}: sets both classlabels_ints and classlabels_strings; exactly one "
+            "of them names the classes"
+        )
+    if len(strings):
+        raise TypeError(
+            f"{node.where}: its classes are strings (classlabels_strings), so its label "
+            f"output would be a string tensor; {STRINGS_ADVICE}"
+        )
+    if not len(ints):
+        raise ValueError(
+            f"{node.where}: sets neither classlabels_ints nor classlabels_strings; exactly one "
+            "of them must name the classes"
+        )
+    labels = np.asarray(ints, np.int64)
+    transform = _transform(node)
+    coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
+    classes = intercepts.size or (coefficients.size // features if features else 0)
+    if features and (not classes or coefficients.size != classes * features):
+        rows = f"{classes} rows (one per intercept)" if intercepts.size else "whole rows"
+        raise ValueError(
+            f"{node.where}: its {coefficients.size} coefficients do not make {rows} of X's "
+            f"{features} features"
+        )
+    if classes == 1:
+        if len(labels) != 2:
+            raise ValueError(
+                f"{node.where}: one coefficient row (a binary classifier) needs exactly 2 class "
+                f"labels, got {len(labels)}"
+            )
+        if transform == "PROBIT":
+            raise ValueError(
+                f"{node.where}: post_transform PROBIT on one coefficient row has no defined "
+                "second column (onnxruntime leaves it unwritten); export one coefficient row "
+                "per class, or another post_transform"
+            )
+    elif classes and len(labels) != classes:
+        raise ValueError(
+            f"{node.where}: {len(labels)} class labels for {classes} classes; give one label "
+            "per class"
+        )
+    return labels
+
+
+def _classifier_check(node: Node) -> None:
+    coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
+    if not coefficients.size or coefficients.size % max(intercepts.size, 1):
+        raise ValueError(
+            f"{node.where}: its {coefficients.size} coefficients do not make whole rows, one "
+            f"per class ({intercepts.size} intercepts)"
+        )
+    _classifier_labels(node)
+
+
+def _first_max(scores: Any) -> Any:
+    """Each row's first largest column; a NaN never wins, and a NaN first column stays."""
+    best = jnp.argmax(jnp.where(jnp.isnan(scores), -jnp.inf, scores), axis=1)
+    return jnp.where(jnp.isnan(scores[:, 0]), 0, best)
+
+
+@register("LinearClassifier", domain=ML_DOMAIN, check=_classifier_check)
+def _linear_classifier(node: Node, x: Any) -> tuple[Any, Any]:
+    """Labels ``[N]`` and scores ``[N, classes]`` of a linear model.
+
+    The label is the class of the largest raw score (before the post-transform);
+    with one coefficient row (binary), the second label when the score is
+    positive, else the first, and the scores are ``[1 - p, p]`` where ``p`` is
+    the score after a LOGISTIC post-transform, else the raw score
+    (onnxruntime's convention).
+    """
+    rows = _rows(node, x)
+    labels = _classifier_labels(node, rows.shape[1])
+    refuse_narrowing(f"{node.where}: classlabels_ints", labels)  # as 32-bit JAX computes
+    coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
+    scores = _affine(rows, coefficients, intercepts)
+    transform = _transform(node)
+    table = jnp.asarray(labels)
+    if scores.shape[1] == 1:
+        score = scores[:, 0]
+        label = jnp.where(score > 0, table[1], table[0])
+        p = jax.nn.sigmoid(score) if transform == "LOGISTIC" else score
+        return label, jnp.stack([1 - p, p], axis=1)
+    return jnp.take(table, _first_max(scores)), _post_transform(scores, transform)
