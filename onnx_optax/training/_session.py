@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax.training._check import check
-from onnx_optax.training._combined import Entry
+from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._model import (
     TrainingModelError,
@@ -102,6 +102,7 @@ class Session:
         self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
         self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
         self._checked: set[Any] = set()
+        self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
 
     def _put(self, values: Any, *, split: bool) -> Any:
         """``values`` on the session's devices: split along axis 0, or replicated."""
@@ -204,13 +205,32 @@ class Session:
     ) -> dict[str, np.ndarray]:
         """The inference graph's ``outputs`` (default: all) with the current initializers.
 
-        Only the nodes those outputs need are compiled (once per call), on
-        JAX's default device.
+        Only the nodes those outputs need run, compiled once per set of
+        outputs and feed signature: the current initializers are arguments of
+        the compiled function, not constants in it, so a :meth:`step` between
+        two runs needs no new compilation. The feeds those outputs need are
+        checked as the graph declares them (names, dtypes, shapes); others
+        are ignored. Runs on JAX's default device, or with ``devices=`` on each
+        of the session's devices (replicated, like the parameters).
         """
-        model = self.to_model()
-        function = GraphFunction(model.graph, outputs=outputs, opsets=opsets(model))
-        values = function({n: inputs[n] for n in function.input_names if n in inputs})
-        return dict(zip(function.output_names, values, strict=True))
+        if outputs is not None and (
+            isinstance(outputs, str)
+            or not isinstance(outputs, Sequence)
+            or not all(isinstance(n, str) for n in outputs)
+        ):
+            raise TypeError(f"outputs must be a list of output names or None; got {outputs!r}")
+        names = (
+            tuple(o.name for o in self._model.graph.output) if outputs is None else tuple(outputs)
+        )
+        inference = self._inference.get(names)
+        if inference is None:
+            inference = Inference(self._model, self._dtypes, names)
+            self._inference[names] = inference
+        feeds = check_feeds(
+            "Session.run", f"the graph of outputs {list(names)}", inference.feeds, inputs, {}
+        )
+        values = inference.function({**feeds, **{n: self._state[n] for n in inference.state}})
+        return dict(zip(inference.function.output_names, values, strict=True))
 
     def _with_state(self, strip: bool) -> onnx.ModelProto:
         model = onnx.ModelProto()
