@@ -1,9 +1,13 @@
-"""One ``training_info`` entry on the inference graph, as one jitted function."""
+"""A training model's graphs as functions of the bound initializers, for jit.
+
+:class:`Entry`: one ``training_info`` entry on the inference graph;
+:class:`Inference`: the inference graph alone, for some of its outputs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -11,8 +15,23 @@ import onnx
 from onnx import helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
+from onnx_optax._src.onnx_nodes import describe
+from onnx_optax._src.onnx_ops import STANDARD_DOMAINS
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax.training._model import declared, opsets, value_info
+
+# Losses whose input 1 holds class indices into axis 1 of input 0.
+CLASS_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
+
+
+class Target(NamedTuple):
+    """The class labels of a loss node, read from a feed of the step."""
+
+    feed: str  # the feed the labels come from
+    casts: tuple[np.dtype, ...]  # the integer Casts between the feed and the node, in order
+    scores: str  # the node's input 0: its axis 1 counts the classes
+    ignore_index: int | None  # the node's attribute, a label that is not a class
+    where: str  # the node, for messages
 
 
 class Entry:
@@ -57,6 +76,16 @@ class Entry:
         self.constants = {
             n: to_jax(f"initializer '{n}'", v) for n, v in self.function.params.items()
         }
+        self.targets = _targets(graph, _nodes(self.function.order), {v.name for v in self.feeds})
+        # For the targets' scores (built on the first check): the graph without its
+        # initializers, whose values the function already holds.
+        self._graph = (
+            helper.make_graph(list(graph.node), graph.name, list(graph.input), [])
+            if self.targets
+            else None
+        )
+        self._opsets = opsets(model)
+        self._scores: GraphFunction | None = None
 
         def step(
             state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
@@ -76,39 +105,202 @@ class Entry:
         self.evaluate = evaluate  # the unbound outputs alone: XLA drops the update
 
     def check_feeds(self, inputs: Mapping[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
-        """The feeds of a step, checked: names, dtypes, declared shapes (``dims`` binds names)."""
-        feeds = {}
-        for value in self.feeds:
-            name = value.name
-            if name not in inputs:
-                raise ValueError(
-                    f"{self.where}: missing feed '{name}'; the step takes "
-                    f"{[v.name for v in self.feeds]}"
-                )
-            array = inputs[name]
-            array = array if isinstance(array, jax.Array) else np.asarray(array)
-            elem, shape = declared(value)
-            if elem:
-                want = tensor_dtype(elem, f"input '{name}'")
-                if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
-                    raise TypeError(
-                        f"{self.where}: feed '{name}' has dtype {array.dtype}; the graph "
-                        f"declares {want}"
+        """The feeds of a step, checked (see :func:`check_feeds`), as JAX arrays."""
+        feeds = check_feeds(self.where, "the step", self.feeds, inputs, dims)
+        return {name: to_jax(f"feed '{name}'", array) for name, array in feeds.items()}
+
+    def classes(self, state: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, int]:
+        """How many classes each target's scores have for this signature (traced, not run)."""
+        if self._graph is None:
+            return {}
+        if self._scores is None:
+            self._scores = GraphFunction(
+                self._graph,
+                outer_values={**self.function.static, **self.function.params},
+                outputs=list(dict.fromkeys(t.scores for t in self.targets)),
+                opsets=self._opsets,
+            )
+        scores = self._scores
+        shapes = jax.eval_shape(lambda inputs: scores.apply(inputs), {**feeds, **state})
+        return {
+            name: spec.shape[1]
+            for name, spec in zip(scores.output_names, shapes, strict=True)
+            if len(spec.shape) >= 2
+        }
+
+    def check_targets(self, inputs: Mapping[str, Any], classes: Mapping[str, int]) -> None:
+        """Refuses a class label outside [0, C) that is not the loss node's ``ignore_index``.
+
+        XLA would clip such a label to a valid class and train on it silently.
+        ``inputs`` are the feeds as given, already checked by :meth:`check_feeds`.
+        """
+        for target in self.targets:
+            count = classes.get(target.scores)
+            if count is None:  # the loss node itself refuses scores of rank < 2
+                continue
+            for labels in _host(inputs[target.feed]):
+                for dtype in target.casts:
+                    labels = labels.astype(dtype) if labels.dtype.kind in "iu" else labels
+                if labels.dtype.kind not in "iu":
+                    continue
+                bad = (labels < 0) | (labels >= count)
+                if target.ignore_index is not None:
+                    bad &= labels != target.ignore_index
+                if bad.any():
+                    ignored = (
+                        ""
+                        if target.ignore_index is None
+                        else f", and is not its ignore_index {target.ignore_index}"
                     )
-            if shape is not None:
-                ok = len(shape) == array.ndim
-                for d, n in zip(shape, array.shape, strict=False):
-                    if isinstance(d, int):
-                        ok = ok and d == n
-                    elif d is not None:
-                        ok = ok and dims.setdefault(d, n) == n
-                if not ok:
                     raise ValueError(
-                        f"{self.where}: feed '{name}' has shape {list(array.shape)}; the graph "
-                        f"declares {shape}" + (f" with {dims}" if dims else "")
+                        f"{self.where}: feed '{target.feed}' holds the label "
+                        f"{labels[bad].flat[0]}, outside [0, {count}): the scores "
+                        f"'{target.scores}' of {target.where} have {count} classes (axis 1)"
+                        f"{ignored}; nothing was run"
                     )
-            feeds[name] = to_jax(f"feed '{name}'", array)
-        return feeds
+
+
+class Inference:
+    """The inference graph's ``outputs`` as one function of its feeds and the bound initializers.
+
+    The bound initializers (``bound``: name to stored dtype) are inputs of the
+    function, not constants, so a step that changes them needs no new
+    compilation; the other initializers are constants. Only the feeds and
+    bound initializers the outputs need are inputs.
+    """
+
+    def __init__(
+        self, model: onnx.ModelProto, bound: Mapping[str, np.dtype], outputs: Sequence[str]
+    ) -> None:
+        main = model.graph
+        initializers = {i.name for i in main.initializer}
+        feeds = [i for i in main.input if i.name not in initializers]
+        state = [
+            value_info(n, int(helper.np_dtype_to_tensor_dtype(dtype)), None)
+            for n, dtype in bound.items()
+        ]
+        constants = [i for i in main.initializer if i.name not in bound]
+
+        def function(inputs: list[onnx.ValueInfoProto]) -> GraphFunction:
+            graph = helper.make_graph(
+                list(main.node), main.name, inputs, list(main.output), initializer=constants
+            )
+            return GraphFunction(graph, outputs=outputs, opsets=opsets(model))
+
+        self.function = function(feeds + state)
+        used = _used(self.function.order) | set(self.function.output_names)
+        if not used.issuperset(self.function.input_names):  # the optimizer state, at least
+            feeds = [i for i in feeds if i.name in used]
+            state = [i for i in state if i.name in used]
+            self.function = function(feeds + state)
+        self.feeds = feeds
+        self.state = [i.name for i in state]
+
+
+def check_feeds(
+    where: str,
+    taker: str,
+    values: Sequence[onnx.ValueInfoProto],
+    inputs: Mapping[str, Any],
+    dims: dict[str, Any],
+) -> dict[str, Any]:
+    """The feeds ``values`` declares, checked: names, dtypes, declared shapes.
+
+    ``dims`` binds the symbolic dimensions across calls; ``where`` and
+    ``taker`` (what takes the feeds) are for the messages. The arrays are
+    returned as given (a JAX array) or as numpy arrays.
+    """
+    feeds = {}
+    for value in values:
+        name = value.name
+        if name not in inputs:
+            raise ValueError(
+                f"{where}: missing feed '{name}'; {taker} takes {[v.name for v in values]}"
+            )
+        array = inputs[name]
+        array = array if isinstance(array, jax.Array) else np.asarray(array)
+        elem, shape = declared(value)
+        if elem:
+            want = tensor_dtype(elem, f"input '{name}'")
+            if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
+                raise TypeError(
+                    f"{where}: feed '{name}' has dtype {array.dtype}; the graph declares {want}"
+                )
+        if shape is not None:
+            ok = len(shape) == array.ndim
+            for d, n in zip(shape, array.shape, strict=False):
+                if isinstance(d, int):
+                    ok = ok and d == n
+                elif d is not None:
+                    ok = ok and dims.setdefault(d, n) == n
+            if not ok:
+                raise ValueError(
+                    f"{where}: feed '{name}' has shape {list(array.shape)}; the graph "
+                    f"declares {shape}" + (f" with {dims}" if dims else "")
+                )
+        feeds[name] = array
+    return feeds
+
+
+def _host(array: Any) -> list[np.ndarray]:
+    """A feed's values on this host: the rows of this process for a multi-host array."""
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        return [np.asarray(shard.data) for shard in array.addressable_shards]
+    return [np.asarray(array)]
+
+
+def _nodes(steps: Sequence[Any]) -> list[onnx.NodeProto]:
+    """The nodes the steps run, those a Gradient runs to compute its y included."""
+    found: dict[int, onnx.NodeProto] = {}
+    todo = list(steps)
+    while todo:
+        step = todo.pop()
+        found.setdefault(id(step.node), step.node)
+        todo += getattr(step, "order", [])
+    return list(found.values())
+
+
+def _targets(
+    graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto], feeds: set[str]
+) -> list[Target]:
+    """The class losses among ``nodes`` whose labels are a feed, through Identity and Cast."""
+    producer = {name: node for node in graph.node for name in node.output if name}
+    targets = []
+    for node in nodes:
+        if node.domain not in STANDARD_DOMAINS or node.op_type not in CLASS_LOSSES:
+            continue
+        if len(node.input) < 2 or not node.input[0]:
+            continue
+        name = node.input[1]
+        casts: list[np.dtype] = []
+        while name in producer and producer[name].domain in STANDARD_DOMAINS:
+            source = producer[name]
+            if source.op_type == "Cast":
+                to = {a.name: helper.get_attribute_value(a) for a in source.attribute}.get("to", 0)
+                try:
+                    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+                except (KeyError, TypeError, ValueError):
+                    break
+                if dtype.kind not in "iu":
+                    break
+                casts.insert(0, dtype)
+            elif source.op_type != "Identity":
+                break
+            name = source.input[0] if source.input else ""
+        if name not in feeds:
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        ignore = attributes.get("ignore_index")
+        targets.append(
+            Target(
+                name,
+                tuple(casts),
+                node.input[0],
+                None if ignore is None else int(ignore),
+                describe(node),
+            )
+        )
+    return targets
 
 
 def _used(steps: Sequence[Any]) -> set[str]:

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax.training._check import check
-from onnx_optax.training._combined import Entry
+from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._model import (
     TrainingModelError,
@@ -101,7 +101,9 @@ class Session:
         )
         self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
         self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
-        self._checked: set[Any] = set()
+        self._checked: set[Any] = set()  # the feed signatures whose updates were checked
+        self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
+        self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
 
     def _put(self, values: Any, *, split: bool) -> Any:
         """``values`` on the session's devices: split along axis 0, or replicated."""
@@ -155,19 +157,20 @@ class Session:
         dims: dict[str, Any] = {}
         return [self._feeds(entry, inputs, dims) for entry in self._entries]
 
-    def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """One step of every entry in order; returns the algorithms' unbound outputs.
+    def _checked_feeds(self, inputs: Mapping[str, Any], *, step: bool) -> list[dict[str, Any]]:
+        """Every entry's feeds, all checked before any is used.
 
-        Feeds are checked first (names, dtypes, declared shapes, and with
-        several devices that they divide the batch), so a step that fails
-        leaves :attr:`initializers` unchanged.
+        Per feed signature (traced once, not run): for a step, that each update
+        keeps its initializer's shape and dtype; and the class count of each
+        loss node whose labels are a feed, against which the labels are
+        checked on every call.
         """
         all_feeds = self._all_feeds(inputs)
         for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
             key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
-            if key not in self._checked:
+            if step and key not in self._checked:
                 state = {n: abstract(v) for n, v in self._state.items()}
-                reported, new = jax.eval_shape(entry.step, state, feeds, constants)
+                _, new = jax.eval_shape(entry.step, state, feeds, constants)
                 for n, spec in new.items():
                     if spec.shape != state[n].shape or spec.dtype != state[n].dtype:
                         raise ValueError(
@@ -176,6 +179,23 @@ class Session:
                             f"{state[n].dtype}{list(state[n].shape)}"
                         )
                 self._checked.add(key)
+            if entry.targets:
+                if key not in self._classes:
+                    state = {n: abstract(v) for n, v in self._state.items()}
+                    self._classes[key] = entry.classes(state, feeds)
+                entry.check_targets(inputs, self._classes[key])
+        return all_feeds
+
+    def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """One step of every entry in order; returns the algorithms' unbound outputs.
+
+        Feeds are checked first (names, dtypes, declared shapes, class labels
+        within the classes of a ``SoftmaxCrossEntropyLoss`` or
+        ``NegativeLogLikelihoodLoss`` that reads them, and with several devices
+        that they divide the batch), so a step that fails leaves
+        :attr:`initializers` unchanged.
+        """
+        all_feeds = self._checked_feeds(inputs, step=True)
         outputs: dict[str, np.ndarray] = {}
         for jitted, feeds, constants in zip(self._steps, all_feeds, self._constants, strict=True):
             reported, self._state = jitted(self._state, feeds, constants)
@@ -185,11 +205,12 @@ class Session:
     def evaluate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The algorithms' unbound outputs (the loss) from the current state, changing nothing.
 
-        Takes the feeds :meth:`step` takes. Every entry reads the current
-        initializers (no entry sees another's update, as none is applied); XLA
-        drops what the unbound outputs do not need (the optimizer's update).
+        Takes the feeds :meth:`step` takes, checked as it checks them. Every
+        entry reads the current initializers (no entry sees another's update,
+        as none is applied); XLA drops what the unbound outputs do not need
+        (the optimizer's update).
         """
-        all_feeds = self._all_feeds(inputs)
+        all_feeds = self._checked_feeds(inputs, step=False)
         outputs: dict[str, np.ndarray] = {}
         for evaluation, feeds, constants in zip(
             self._evaluations, all_feeds, self._constants, strict=True
@@ -204,13 +225,32 @@ class Session:
     ) -> dict[str, np.ndarray]:
         """The inference graph's ``outputs`` (default: all) with the current initializers.
 
-        Only the nodes those outputs need are compiled (once per call), on
-        JAX's default device.
+        Only the nodes those outputs need run, compiled once per set of
+        outputs and feed signature: the current initializers are arguments of
+        the compiled function, not constants in it, so a :meth:`step` between
+        two runs needs no new compilation. The feeds those outputs need are
+        checked as the graph declares them (names, dtypes, shapes); others
+        are ignored. Runs on JAX's default device, or with ``devices=`` on each
+        of the session's devices (replicated, like the parameters).
         """
-        model = self.to_model()
-        function = GraphFunction(model.graph, outputs=outputs, opsets=opsets(model))
-        values = function({n: inputs[n] for n in function.input_names if n in inputs})
-        return dict(zip(function.output_names, values, strict=True))
+        if outputs is not None and (
+            isinstance(outputs, str)
+            or not isinstance(outputs, Sequence)
+            or not all(isinstance(n, str) for n in outputs)
+        ):
+            raise TypeError(f"outputs must be a list of output names or None; got {outputs!r}")
+        names = (
+            tuple(o.name for o in self._model.graph.output) if outputs is None else tuple(outputs)
+        )
+        inference = self._inference.get(names)
+        if inference is None:
+            inference = Inference(self._model, self._dtypes, names)
+            self._inference[names] = inference
+        feeds = check_feeds(
+            "Session.run", f"the graph of outputs {list(names)}", inference.feeds, inputs, {}
+        )
+        values = inference.function({**feeds, **{n: self._state[n] for n in inference.state}})
+        return dict(zip(inference.function.output_names, values, strict=True))
 
     def _with_state(self, strip: bool) -> onnx.ModelProto:
         model = onnx.ModelProto()
