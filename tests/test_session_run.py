@@ -39,7 +39,9 @@ def linear(w: np.ndarray | None = None) -> onnx.ModelProto:
 
 
 def trainable(loss: str = "softmax_cross_entropy", w: np.ndarray | None = None) -> Any:
-    return training.attach(linear(w), loss=loss, target="t", optimizer=onnx_optax.adam(0.1))
+    return training.attach(
+        linear(w), loss=loss, target="t", output="y", optimizer=onnx_optax.adam(0.1)
+    )
 
 
 def batch(seed: int, n: int = 6) -> dict[str, np.ndarray]:
