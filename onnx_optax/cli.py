@@ -182,12 +182,14 @@ def _check(args: argparse.Namespace) -> int:
         problems = training.check(model)
     except (TypeError, ValueError, NotImplementedError) as error:
         raise UsageError(f"{args.model}: {error}") from None
+    blocking = [p for p in problems if p.blocking]
     for problem in problems:
-        print(problem)
-    if problems:
-        print(f"{args.model}: {len(problems)} problem(s)", file=sys.stderr)
+        print(problem if problem.blocking else f"warning: {problem}")
+    if blocking:
+        print(f"{args.model}: {len(blocking)} problem(s)", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{args.model}: ok")
+    warned = len(problems) - len(blocking)
+    print(f"{args.model}: ok" + (f" ({warned} warning(s))" if warned else ""))
     return EXIT_OK
 
 
@@ -414,7 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="check a training model's training_info (exit 1 and the list of problems)",
         description="Check what the ONNX checker does not: bindings, Gradient xs and y, "
-        "optimizer state, T + 1, shapes. Exit 0 if sound, 1 with one problem a line.",
+        "optimizer state, T + 1, shapes. Exit 0 if sound, 1 with one problem a line. Lines "
+        "starting 'warning:' (a constant or a weight the loss does not reach, trained) do not "
+        "fail the check.",
     )
     check.add_argument("model", help="the model (.onnx)")
     check.set_defaults(run=_check)
@@ -462,6 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, MissingExtraError) as error:
         print(f"onnx-optax {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (``| head``): no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     return result
 
 

@@ -343,3 +343,40 @@ def test_training_commands_without_the_onnx_extra_exit_2(tmp_path: pathlib.Path)
     result = _python("-c", code)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "needs the onnx extra" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_attach_list_prints_the_plan_and_several_outputs_need_a_name(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+
+    _inference_model(tmp_path / "in.onnx")
+    model = onnx.load(str(tmp_path / "in.onnx"))
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(0.5, np.float32), "half"))
+    model.graph.node.append(helper.make_node("Mul", ["logits", "half"], ["scaled"]))
+    model.graph.output.append(helper.make_tensor_value_info("scaled", 1, ["N", 3]))
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("", 11))
+    onnx.save(model, str(tmp_path / "two.onnx"))
+    capsys.readouterr()
+    # In process (cli.main): --list alone prints the plan and writes nothing.
+    assert cli.main(["attach", str(tmp_path / "two.onnx"), "--list"]) == 2
+    assert "pass output= to say which one" in capsys.readouterr().err
+    assert (
+        cli.main(["attach", str(tmp_path / "two.onnx"), "--list", "--output-name", "scaled"]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "loss output: scaled; 2 of 3 tensors train (15 values)"
+    rows = {line.split()[1]: line for line in lines[2:]}
+    assert rows["W"].startswith("yes") and rows["b"].startswith("yes")
+    assert rows["half"].startswith("no") and "exporter constant: one element" in rows["half"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.onnx", "two.onnx"]
+    out = str(tmp_path / "t.onnx")
+    status = cli.main(["attach", str(tmp_path / "two.onnx"), "--output-name", "logits", "-o", out])
+    assert status == 0
+    err = capsys.readouterr().err
+    assert "note: the model imports ai.onnx opset 11 and the loss needs 12" in err
+    assert f"wrote {out} (its step reads the targets from input 'target')" in err
