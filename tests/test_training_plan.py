@@ -561,3 +561,37 @@ def test_weights_in_ml_attributes_are_named_with_what_to_do() -> None:
     )
     with pytest.raises(ValueError, match=r"LinearClassifier\) keeps its weights in the attributes"):
         _attach(model, output="probabilities", loss="log_loss")
+
+
+def test_an_skl2onnx_classifier_fine_tunes_and_runs_every_output() -> None:
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.neural_network import MLPClassifier
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn's ConvergenceWarning
+        fitted = MLPClassifier(hidden_layer_sizes=(8,), max_iter=20, random_state=0).fit(x, y)
+    model = skl2onnx.convert_sklearn(
+        fitted,
+        initial_types=[("input", FloatTensorType([None, 4]))],
+        options={id(fitted): {"zipmap": False}},
+        target_opset={"": 17, "ai.onnx.ml": 3},
+    )
+    assert "label" in {o.name for o in model.graph.output}  # the old default target's name
+    attached = _attach(model, output="probabilities", loss="log_loss")
+    assert training.check(attached) == []
+    session = training.Session(attached)
+    target = attached.training_info[0].algorithm.input[0].name
+    assert target == "target"
+    losses = [float(session.step({"input": x, target: y})["loss"]) for _ in range(30)]
+    assert losses[-1] < 0.8 * losses[0]
+    every = session.run({"input": x})
+    inference = ort.InferenceSession(
+        session.to_inference_model().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    label, probabilities = inference.run(["label", "probabilities"], {"input": x})
+    np.testing.assert_array_equal(every["label"], label)
+    np.testing.assert_allclose(every["probabilities"], probabilities, rtol=1e-5, atol=1e-6)
