@@ -151,9 +151,11 @@ MODELS: tuple[RealModel, ...] = (
     RealModel(
         name="paddle_cls",
         exporter="PaddlePaddle (paddle2onnx), opset 11",
-        package="rapidocr-onnxruntime",
-        version="1.4.4",
-        path="rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        # rapidocr-onnxruntime 1.4.4 ships the same file (same sha256) but is limited to
+        # Python < 3.13; rapidocr 3.10 installs on every Python this project supports.
+        package="rapidocr",
+        version="3.10.0",
+        path="rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx",
         sha256="e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
         feeds=(Feed("x", (2, 3, 48, 96), np.float32, _uniform(-1.0, 1.0)),),
         outputs=(("save_infer_model/scale_0.tmp_1", (2, 2)),),
