@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = [
     "MODELS",
     "Feed",
+    "FineTune",
     "Make",
     "RealModel",
     "Weight",
@@ -93,6 +94,25 @@ class Weight:
 
 
 @dataclass(frozen=True)
+class FineTune:
+    """How a user fine-tunes the model as shipped: ``attach``'s arguments and the targets.
+
+    ``loss``, ``output`` and ``class_axis`` are all ``attach`` is given besides the
+    optimizer; the targets are ``classes`` random class indices of ``target_shape``.
+    ``lifted`` is how many Constant nodes hold weights (counted from the graph's
+    consumers: convolution, normalization, MatMul and bias positions).
+    """
+
+    loss: str
+    output: str
+    classes: int
+    target_shape: tuple[int, ...]
+    class_axis: int | None = None
+    learning_rate: float = 1e-3
+    lifted: int = 0
+
+
+@dataclass(frozen=True)
 class RealModel:
     """One exported model: where it ships, what it takes and returns, what it exercises."""
 
@@ -107,6 +127,7 @@ class RealModel:
     idioms: str
     weights: tuple[Weight, ...]  # checked by finite differences
     grad_output: str  # the output whose weighted sum is differentiated
+    fine_tune: FineTune
 
     @property
     def pin(self) -> str:
@@ -147,6 +168,7 @@ MODELS: tuple[RealModel, ...] = (
             Weight("jax2tf_get_logits_/Const_24:0", "MatMul[1]", ((24, 202), (26, 148), (1, 148))),
         ),
         grad_output="target_label",
+        fine_tune=FineTune("log_loss", "target_label", 214, (2,)),
     ),
     RealModel(
         name="paddle_cls",
@@ -174,6 +196,7 @@ MODELS: tuple[RealModel, ...] = (
             Weight("fc_0.w_0", "MatMul[1]", ((9, 0), (10, 0), (25, 1)), constant=True),
         ),
         grad_output="save_infer_model/scale_0.tmp_1",
+        fine_tune=FineTune("log_loss", "save_infer_model/scale_0.tmp_1", 2, (2,), lifted=143),
     ),
     RealModel(
         name="mtcnn_onet",
@@ -195,6 +218,7 @@ MODELS: tuple[RealModel, ...] = (
             Weight("dense_6/kernel:0", "MatMul[1]", ((10, 6), (10, 8), (39, 6))),
         ),
         grad_output="dense_6",
+        fine_tune=FineTune("log_loss", "softmax_2", 2, (2,)),
     ),
     RealModel(
         name="mtcnn_rnet",
@@ -212,6 +236,7 @@ MODELS: tuple[RealModel, ...] = (
             Weight("dense/kernel:0", "MatMul[1]", ((23, 117), (28, 7), (75, 89))),
         ),
         grad_output="softmax_1",
+        fine_tune=FineTune("log_loss", "softmax_1", 2, (2,)),
     ),
     RealModel(
         name="captcha_crnn",
@@ -232,6 +257,15 @@ MODELS: tuple[RealModel, ...] = (
             Weight("/Constant_62_output_0", "MatMul[1]", ((8, 1), (8, 21), (24, 4)), True),
         ),
         grad_output="logits",
+        fine_tune=FineTune(
+            "softmax_cross_entropy",
+            "logits",
+            37,
+            (20, 2),
+            class_axis=2,
+            learning_rate=3e-3,
+            lifted=46,
+        ),
     ),
 )
 
