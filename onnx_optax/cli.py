@@ -123,15 +123,16 @@ def _attach(args: argparse.Namespace) -> int:
     if args.output is not None:
         _writable_file(args.output, "the model")
     model = _read_model(training, args.model)
+    # What trains: the same arguments for the plan and for attach.
+    chosen = {
+        "output": args.output_name,
+        "trainable": args.trainable,
+        "frozen": args.frozen,
+        "lift_constants": not args.keep_constants,
+    }
     if args.list:
         try:
-            plan = training.plan(
-                model,
-                output=args.output_name,
-                trainable=args.trainable,
-                frozen=args.frozen,
-                lift_constants=not args.keep_constants,
-            )
+            plan = training.plan(model, **chosen)
         except (TypeError, ValueError) as error:
             raise UsageError(str(error)) from None
         print(plan)
@@ -153,13 +154,10 @@ def _attach(args: argparse.Namespace) -> int:
                 model,
                 loss=args.loss,
                 target=args.target,
-                output=args.output_name,
                 optimizer=optimizer,
-                trainable=args.trainable,
-                frozen=args.frozen,
                 clip_global_norm=args.clip_global_norm,
                 class_axis=args.class_axis,
-                lift_constants=not args.keep_constants,
+                **chosen,
             )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
