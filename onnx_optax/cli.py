@@ -225,19 +225,17 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model}: {error}") from None
     if not pathlib.Path(args.data).is_file():
         raise UsageError(f"cannot read the data {args.data!r}: no such file")
-    try:
-        npz = np.load(args.data, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise ValueError("it is a single array, not an .npz file of named arrays")
-        with npz:
-            data = {name: npz[name] for name in npz.files}
+    from onnx_optax._src.npz import read_npz
+
+    try:  # only the arrays a step reads, each checked against the size limit before inflating
+        data, held = read_npz(args.data, session.inputs)
     except Exception as error:  # a stranger's file: any parse failure is a usage error
         raise UsageError(f"cannot read the data {args.data!r}: {error}") from None
     missing = [n for n in session.inputs if n not in data]
     if missing:
         raise UsageError(
             f"{args.data}: no array for the input(s) {missing}; the model trains on "
-            f"{session.inputs} and the file holds {sorted(data)}"
+            f"{session.inputs} and the file holds {sorted(held)}"
         )
     data = {n: data[n] for n in session.inputs}
     rows = {n: (v.shape[0] if v.ndim else None) for n, v in data.items()}
