@@ -44,6 +44,7 @@ import optax
 
 import onnx_optax
 from onnx_optax._src.registry import OPTIMIZERS as REGISTRY
+from onnx_optax._src.write import write_file
 
 # ------------------------------------------------------------ the optimizers
 # Every per-optimizer table the harness reads is in this section.
@@ -708,8 +709,11 @@ def plot_scaling(data: dict[str, list[float]], path: str, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    suffix = pathlib.PurePath(path).suffix.lstrip(".").lower() or None
+    try:  # the package's one writer: a new file renamed into place, never through a link
+        write_file(path, lambda file: fig.savefig(file, format=suffix), what="the plot")
+    finally:
+        plt.close(fig)
 
 
 def _progress(message: str) -> None:
@@ -758,10 +762,14 @@ def run_bench(
         plot_scaling(data, plot, f"Adam step time per element; {where}")
         print(f"wrote {plot}")
     if markdown:
-        with open(markdown, "w") as f:
-            f.write(f"Measured on {where} by `onnx-optax bench`.\n\n")
-            f.write(format_table(rows, triads, markdown=True, in_cache=set(in_cache)))
-            f.write("\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
+        text = (
+            f"Measured on {where} by `onnx-optax bench`.\n\n"
+            + format_table(rows, triads, markdown=True, in_cache=set(in_cache))
+            + "\n\n"
+            + "\n".join(f"- {line}" for line in lines)
+            + "\n"
+        )
+        write_file(markdown, text.encode(), what="the table")
         print(f"wrote {markdown}")
     return 0
 

@@ -18,9 +18,14 @@ import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import onnx_optax
 from onnx_optax._src.extras import MissingExtraError, require
+from onnx_optax._src.write import check_destination
+
+if TYPE_CHECKING:
+    import onnx
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -33,14 +38,24 @@ class UsageError(Exception):
 
 
 def _writable_file(path: str, what: str) -> None:
-    """Raises :class:`UsageError` unless ``path`` can be written: checked before the work."""
-    folder = pathlib.Path(path).parent
-    if not folder.is_dir():
-        raise UsageError(f"cannot write {what} {path!r}: the folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write {what} {path!r}: the folder {str(folder)!r} is read-only")
-    if pathlib.Path(path).is_dir():
-        raise UsageError(f"cannot write {what} {path!r}: it is a folder")
+    """Raises :class:`UsageError` unless ``path`` can be written: checked before the work.
+
+    The write itself checks again (the file system may change meanwhile).
+    """
+    try:
+        check_destination(path, what)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _write_model(model: onnx.ModelProto, path: str) -> None:
+    """Writes ``model`` through the package's one writer; its refusals are usage errors."""
+    from onnx_optax.training._export import save_model
+
+    try:
+        save_model(model, path, None, {})
+    except (ValueError, OSError) as error:
+        raise UsageError(str(error)) from None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -163,9 +178,7 @@ def _attach(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     for warning in said:
         print(f"note: {warning.message}", file=sys.stderr)
-    import onnx
-
-    onnx.save(attached, args.output)
+    _write_model(attached, args.output)
     target = attached.training_info[0].algorithm.input[0].name
     print(
         f"wrote {args.output} (its step reads the targets from input '{target}')", file=sys.stderr
@@ -210,19 +223,17 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model}: {error}") from None
     if not pathlib.Path(args.data).is_file():
         raise UsageError(f"cannot read the data {args.data!r}: no such file")
-    try:
-        npz = np.load(args.data, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise ValueError("it is a single array, not an .npz file of named arrays")
-        with npz:
-            data = {name: npz[name] for name in npz.files}
+    from onnx_optax._src.npz import read_npz
+
+    try:  # only the arrays a step reads, each checked against the size limit before inflating
+        data, held = read_npz(args.data, session.inputs)
     except Exception as error:  # a stranger's file: any parse failure is a usage error
         raise UsageError(f"cannot read the data {args.data!r}: {error}") from None
     missing = [n for n in session.inputs if n not in data]
     if missing:
         raise UsageError(
             f"{args.data}: no array for the input(s) {missing}; the model trains on "
-            f"{session.inputs} and the file holds {sorted(data)}"
+            f"{session.inputs} and the file holds {sorted(held)}"
         )
     data = {n: data[n] for n in session.inputs}
     rows = {n: (v.shape[0] if v.ndim else None) for n, v in data.items()}
@@ -246,12 +257,13 @@ def _train(args: argparse.Namespace) -> int:
         if step == 1 or step == args.steps or step % args.log_every == 0:
             shown = " ".join(f"{k}={float(np.mean(v)):.6g}" for k, v in outputs.items())
             print(f"step {step}/{args.steps} {shown}", file=sys.stderr)
-    session.save(args.output)
+    try:
+        session.save(args.output)
+    except (ValueError, OSError) as error:
+        raise UsageError(str(error)) from None
     print(f"wrote {args.output}", file=sys.stderr)
     if args.inference:
-        import onnx
-
-        onnx.save(session.to_inference_model(), args.inference)
+        _write_model(session.to_inference_model(), args.inference)
         print(f"wrote {args.inference}", file=sys.stderr)
     return EXIT_OK
 

@@ -11,6 +11,7 @@ downloaded. Needs the ``examples`` extra.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from jax.typing import ArrayLike
 
 import onnx_optax
 from onnx_optax._src.extras import require
+from onnx_optax._src.write import write_file
 
 BATCH = 64
 
@@ -169,8 +171,12 @@ def plot(results: list[Result], path: str) -> None:
         ax.set_ylabel("mean training loss")
     fig.suptitle("MLP on scikit-learn digits: each ONNX optimizer (wide) and optax's (dashed)")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    # The format from the name, as savefig(path) would; none there: matplotlib's default (PNG).
+    suffix = pathlib.PurePath(path).suffix.lstrip(".").lower() or None
+    try:
+        write_file(path, lambda file: fig.savefig(file, format=suffix), what="the plot")
+    finally:
+        plt.close(fig)
 
 
 def run_demo(epochs: int, seed: int, output: str | None) -> int:
@@ -193,6 +199,10 @@ def run_demo(epochs: int, seed: int, output: str | None) -> int:
     for r in results:
         print(f"{r.name:<20} {r.accuracy:>13.3f} {r.losses[-1]:>11.4f} {r.ms_per_step:>9.3f}")
     if output:
-        plot(results, output)
+        try:
+            plot(results, output)
+        except (ValueError, OSError) as error:  # the folder changed since the CLI checked it
+            print(f"onnx-optax demo: {error}", file=sys.stderr)
+            return 2
         print(f"\nwrote the loss curves to {output}")
     return 0

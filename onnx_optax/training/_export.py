@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -14,6 +14,7 @@ from onnx import numpy_helper
 from onnx_optax._src.load import all_graphs
 from onnx_optax._src.onnx_nodes import DOMAIN
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
+from onnx_optax._src.write import check_destination, write_files
 
 # ----------------------------------------------------------------------------- writing
 
@@ -92,10 +93,12 @@ def save_model(
     ``external_data`` (None: when the model would exceed protobuf's 2 GiB),
     every tensor of at least ``EXTERNAL_THRESHOLD`` bytes is written to
     ``<file name>.data`` in the same folder, at offsets the ``.onnx`` file records.
+
+    Both files go through :func:`onnx_optax._src.write.write_files`: each is
+    written new and renamed into place (the data file first), never through
+    a symbolic link, and a failure leaves the previous files as they were.
     """
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"cannot save to {str(path)!r}: the folder does not exist")
+    path = check_destination(path, "the model")
     location = f"{path.name}.data"
     outside: list[tuple[onnx.TensorProto, bytes | Callable[[], np.ndarray]]] = []
 
@@ -133,13 +136,26 @@ def save_model(
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
             tensor.raw_data = bytes(_bytes(source))
-    else:
-        offset = 0
-        with (path.parent / location).open("wb") as file:
-            for tensor, source in outside:
-                tensor.external_data.add(key="offset", value=str(offset))
-                offset += file.write(_bytes(source))
-    path.write_bytes(model.SerializeToString())
+        write_files([(path, model.SerializeToString())], what="the model")
+        return
+    lengths = [_byte_length(tensor) or 0 for tensor, _ in outside]
+    offset = 0
+    for (tensor, _), length in zip(outside, lengths, strict=True):
+        tensor.external_data.add(key="offset", value=str(offset))
+        offset += length
+
+    def write_data(file: BinaryIO) -> None:
+        for (tensor, source), length in zip(outside, lengths, strict=True):
+            written = file.write(_bytes(source))
+            if written != length:  # the offsets the model records would be wrong
+                raise ValueError(
+                    f"tensor '{tensor.name}' gave {written} bytes for external data, "
+                    f"its dims declare {length}"
+                )
+
+    # The model is serialized before anything is written; its data file is renamed first.
+    serialized = model.SerializeToString()
+    write_files([(path.parent / location, write_data), (path, serialized)], what="the model")
 
 
 # ----------------------------------------------------------------------------- inference

@@ -288,6 +288,11 @@ class Session:
             ``<file name>.data`` beside it, as ONNX external data. None (the
             default) does so when the model would exceed protobuf's 2 GiB
             limit; False refuses such a model with a ValueError.
+
+        Each file is written new in the folder and renamed into place (the
+        data file first): a symbolic link at ``path`` or at its ``.data`` file
+        is replaced, its target never written; a failure leaves the previous
+        files as they were. A ``path`` that is a folder is a ValueError.
         """
         model = onnx.ModelProto()
         model.CopyFrom(self._model)  # the bound initializers hold no data there
