@@ -1365,4 +1365,4 @@ def _attribute_value(attribute: Any, where: str) -> Any:
 
 # The other domains' ops register into REGISTRY when their module is imported: here, so
 # that whoever reads the registry sees them all.
-from onnx_optax._src import onnx_ml_ops  # noqa: E402, F401
+from onnx_optax._src.ops import ml  # noqa: E402, F401

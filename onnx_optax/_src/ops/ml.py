@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_ops import Node, is_static, register
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
+from onnx_optax._src.ops.nn import Node, is_static, register
 
 ML_DOMAIN = "ai.onnx.ml"
 
