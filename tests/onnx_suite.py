@@ -66,7 +66,7 @@ def registered_node_cases() -> list[str]:
     """Names of the node cases whose op is in the registry."""
     from onnx.backend.test.loader import load_node_model_tests
 
-    from onnx_optax._src.onnx_ops import REGISTRY
+    from onnx_optax._src.ops import REGISTRY
 
     def registered(domain: str, op_type: str) -> bool:
         return op_type in REGISTRY.get("" if domain == "ai.onnx" else domain, {})

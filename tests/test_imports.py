@@ -18,7 +18,8 @@ def test_all_names_import(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["onnx_optax.backend", "onnx_optax.interop", "onnx_optax.training"]
+    "module",
+    ["onnx_optax.backend", "onnx_optax.interop", "onnx_optax.training", "onnx_optax._src.ops"],
 )
 def test_onnx_modules_import(module: str) -> None:
     pytest.importorskip("onnx")

@@ -32,7 +32,6 @@ from onnx_optax._src.graph_packing import (
     pack,
     unpack,
 )
-from onnx_optax._src.onnx_ml_ops import ADVICE, ML_DOMAIN
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPERATORS,
@@ -41,8 +40,17 @@ from onnx_optax._src.onnx_nodes import (
     describe,
     read_node,
 )
-from onnx_optax._src.onnx_ops import (
+from onnx_optax._src.onnx_tensors import (
+    STRINGS_ADVICE,
+    read_tensor,
+    refuse_narrowing,
+    tensor_dtype,
+    utf8,
+)
+from onnx_optax._src.ops import (
+    ADVICE,
     MAX_TENSOR_BYTES,
+    ML_DOMAIN,
     REGISTRY,
     STANDARD_DOMAINS,
     Node,
@@ -52,13 +60,6 @@ from onnx_optax._src.onnx_ops import (
     find_op,
     is_static,
     read_attributes,
-)
-from onnx_optax._src.onnx_tensors import (
-    STRINGS_ADVICE,
-    read_tensor,
-    refuse_narrowing,
-    tensor_dtype,
-    utf8,
 )
 
 GRADIENT = "Gradient"

@@ -16,8 +16,8 @@ from onnx import helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax._src.onnx_nodes import describe
-from onnx_optax._src.onnx_ops import STANDARD_DOMAINS
 from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.ops import STANDARD_DOMAINS
 from onnx_optax.training._model import declared, opsets, value_info
 
 # Losses whose input 1 holds class indices into axis 1 of input 0.

@@ -57,8 +57,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_optax._src.onnx_nodes import describe
-from onnx_optax._src.onnx_ops import OPS, STANDARD_DOMAINS
 from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.ops import OPS, STANDARD_DOMAINS
 from onnx_optax.training._model import as_model
 
 # The kinds, in the order of precedence when uses disagree (a weight use wins).

@@ -2,7 +2,7 @@
 
 Inference only: ``ArrayFeatureExtractor`` (a classifier's label, ``classes[argmax]``),
 ``Scaler``, ``Normalizer``, ``LinearRegressor`` and ``LinearClassifier``, each a
-small function registered into the one registry of ``onnx_ops`` under the
+small function registered into the one registry (``ops.registry``) under the
 ``ai.onnx.ml`` domain; attributes arrive with the ai.onnx.ml schema's defaults
 for the model's ai.onnx.ml opset.
 
@@ -43,8 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_ops import Node, is_static, register
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
+from onnx_optax._src.ops.arrays import is_static
+from onnx_optax._src.ops.registry import Node, register
 
 ML_DOMAIN = "ai.onnx.ml"
 

@@ -1,0 +1,59 @@
+"""The ONNX ops as small jax.numpy/lax functions, one module per family, one registry.
+
+``registry`` holds :class:`~registry.Op`, :class:`~registry.Node` and ``REGISTRY``
+(domain -> op type -> Op; ``OPS`` is the ai.onnx table), into which every family
+module registers its ops with ``@register("OpType")``; importing this package
+imports every family, so whoever reads the registry sees them all.
+
+- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast
+- ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
+  normalizations, Dropout
+- ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, Pad, ...,
+  Identity, Constant, ConstantOfShape, Range
+- ``reductions``: Reduce*, ArgMax/ArgMin
+- ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
+- ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
+
+and beside them ``arrays`` (the helpers several families share: static or
+traced values, dtypes, axes, the size limit) and ``attributes`` (a node's
+attributes read against its ONNX schema). To add an op: a function in its
+family's module, registered there; a new family (control flow, recurrent,
+quantization) is a new module here, imported below.
+"""
+
+from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
+    elementwise,
+    losses,
+    ml,
+    nn,
+    reductions,
+    shape,
+)
+from onnx_optax._src.ops.arrays import check_size, is_static
+from onnx_optax._src.ops.attributes import check_omitted_inputs, read_attributes
+from onnx_optax._src.ops.ml import ADVICE, ML_DOMAIN
+from onnx_optax._src.ops.registry import (
+    MAX_TENSOR_BYTES,
+    OPS,
+    REGISTRY,
+    STANDARD_DOMAINS,
+    Node,
+    domain_of,
+    find_op,
+)
+
+__all__ = [
+    "ADVICE",
+    "MAX_TENSOR_BYTES",
+    "ML_DOMAIN",
+    "OPS",
+    "REGISTRY",
+    "STANDARD_DOMAINS",
+    "Node",
+    "check_omitted_inputs",
+    "check_size",
+    "domain_of",
+    "find_op",
+    "is_static",
+    "read_attributes",
+]

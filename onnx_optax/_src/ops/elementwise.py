@@ -1,0 +1,238 @@
+"""Elementwise ops of ai.onnx: arithmetic, unary math, comparisons, logic, Where, Clip, Cast.
+
+Binary and variadic ops broadcast numpy-style (opset < 7's ``broadcast``/``axis``
+attributes are read too), insist on one input dtype and compute with numpy when
+every input is static. To add an elementwise op: a one-line entry in the tables
+below (``_unary``, ``_binary``, ``_variadic``) or a small ``@register``-ed function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, tensor_dtype
+from onnx_optax._src.ops.arrays import (
+    _axis,
+    _broadcast_check,
+    _cast,
+    _is_int,
+    _same_dtype,
+    _xp,
+    is_static,
+)
+from onnx_optax._src.ops.registry import Node, register
+
+
+def _legacy_broadcast(node: Node, a: Any, b: Any) -> Any:
+    """Opset < 7 binary ops: ``broadcast=1`` aligns ``b`` with ``a`` from ``axis``."""
+    if node.opset >= 7 or not node.get("broadcast", 0) or np.ndim(b) == 0:
+        return b
+    axis = node.get("axis")
+    if axis is None:
+        return b
+    axis = _axis(int(axis), np.ndim(a), node.where)
+    trailing = np.ndim(a) - axis - np.ndim(b)
+    return b.reshape(tuple(np.shape(b)) + (1,) * max(trailing, 0))
+
+
+def _binary(fn_name: str) -> Callable[..., Any]:
+    def run(node: Node, a: Any, b: Any) -> Any:
+        b = _legacy_broadcast(node, a, b)
+        _same_dtype(node, a, b)
+        _broadcast_check(node, a, b)
+        return getattr(_xp(a, b), fn_name)(a, b)
+
+    return run
+
+
+register("Add")(_binary("add"))
+register("Sub")(_binary("subtract"))
+register("Mul")(_binary("multiply"))
+
+
+@register("Div")
+def _div(node: Node, a: Any, b: Any) -> Any:
+    b = _legacy_broadcast(node, a, b)
+    _same_dtype(node, a, b)
+    _broadcast_check(node, a, b)
+    if _is_int(a):
+        if _xp(a, b) is np:
+            return np.trunc(a / b).astype(a.dtype)
+        shape = jnp.broadcast_shapes(a.shape, b.shape)
+        return lax.div(jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape))
+    return _xp(a, b).divide(a, b)
+
+
+@register("Mod")
+def _mod(node: Node, a: Any, b: Any) -> Any:
+    _same_dtype(node, a, b)
+    xp = _xp(a, b)
+    if node.get("fmod", 0):
+        return xp.fmod(a, b)
+    return xp.mod(a, b)
+
+
+@register("Pow")
+def _pow(node: Node, a: Any, b: Any) -> Any:
+    b = _legacy_broadcast(node, a, b)
+    _broadcast_check(node, a, b)
+    xp = _xp(a, b)
+    if _is_int(a) and not _is_int(b):
+        return _cast(xp.power(_cast(a, b.dtype), b), a.dtype)
+    return xp.power(a, _cast(b, a.dtype))
+
+
+def _unary(fn: Callable[[Any], Any], np_fn: Callable[[Any], Any] | None = None) -> Any:
+    def run(node: Node, x: Any) -> Any:
+        del node
+        if np_fn is not None and is_static(x):
+            return np_fn(x)
+        return fn(x)
+
+    return run
+
+
+for _name, _fn, _np_fn in [
+    ("Neg", jnp.negative, np.negative),
+    ("Abs", jnp.abs, np.abs),
+    ("Exp", jnp.exp, None),
+    ("Log", jnp.log, None),
+    ("Sqrt", jnp.sqrt, None),
+    ("Reciprocal", jnp.reciprocal, None),
+    ("Erf", lax.erf, None),
+    ("Floor", jnp.floor, np.floor),
+    ("Ceil", jnp.ceil, np.ceil),
+    ("Round", jnp.round, None),
+    ("Sign", jnp.sign, np.sign),
+    ("Sin", jnp.sin, None),
+    ("Cos", jnp.cos, None),
+    ("Tan", jnp.tan, None),
+    ("Tanh", jnp.tanh, None),
+    ("Sigmoid", jax.nn.sigmoid, None),
+    ("Relu", jax.nn.relu, None),
+    ("Softplus", jax.nn.softplus, None),
+    ("Softsign", jax.nn.soft_sign, None),
+    ("Not", jnp.logical_not, np.logical_not),
+    ("IsNaN", jnp.isnan, np.isnan),
+]:
+    register(_name)(_unary(_fn, _np_fn))
+
+
+@register("IsInf")
+def _isinf(node: Node, x: Any) -> Any:
+    xp = _xp(x)
+    pos = xp.isposinf(x) if node.get("detect_positive", 1) else xp.zeros(x.shape, bool)
+    neg = xp.isneginf(x) if node.get("detect_negative", 1) else xp.zeros(x.shape, bool)
+    return xp.logical_or(pos, neg)
+
+
+for _name, _fn_name in [
+    ("Equal", "equal"),
+    ("Less", "less"),
+    ("Greater", "greater"),
+    ("LessOrEqual", "less_equal"),
+    ("GreaterOrEqual", "greater_equal"),
+    ("And", "logical_and"),
+    ("Or", "logical_or"),
+    ("Xor", "logical_xor"),
+]:
+    register(_name)(_binary(_fn_name))
+
+
+def _variadic(fn_name: str) -> Callable[..., Any]:
+    def run(node: Node, *xs: Any) -> Any:
+        _same_dtype(node, *xs)
+        _broadcast_check(node, *xs)
+        xp = _xp(*xs)
+        out = xs[0]
+        for x in xs[1:]:
+            out = getattr(xp, fn_name)(out, x)
+        return out
+
+    return run
+
+
+register("Sum")(_variadic("add"))
+register("Max")(_variadic("maximum"))
+register("Min")(_variadic("minimum"))
+
+
+@register("Mean")
+def _mean(node: Node, *xs: Any) -> Any:
+    total = _variadic("add")(node, *xs)
+    return total / np.asarray(len(xs), total.dtype)
+
+
+@register("Where")
+def _where(node: Node, condition: Any, x: Any, y: Any) -> Any:
+    _same_dtype(node, x, y)
+    _broadcast_check(node, condition, x, y)
+    return _xp(condition, x, y).where(condition, x, y)
+
+
+@register("Clip")
+def _clip(node: Node, x: Any, low: Any = None, high: Any = None) -> Any:
+    if node.opset < 11:  # min and max were attributes
+        low, high = node.get("min"), node.get("max")
+        low = None if low is None else np.asarray(low, x.dtype)
+        high = None if high is None else np.asarray(high, x.dtype)
+    xp = _xp(x, low, high)
+    if low is not None:
+        x = xp.maximum(x, _cast(low, x.dtype))
+    if high is not None:
+        x = xp.minimum(x, _cast(high, x.dtype))
+    return x
+
+
+_SMALL_INTS = ("int4", "uint4", "int2", "uint2")
+_SMALL_FLOATS = (
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float4_e2m1fn",
+)
+
+
+def _convert(node: Node, x: Any, target: np.dtype) -> Any:
+    """Cast and CastLike; ``saturate`` clips into the range of the narrow float types."""
+    import ml_dtypes
+
+    xp = _xp(x)
+    source = np.dtype(x.dtype)
+    if target.name == "float8_e8m0fnu":
+        raise ValueError(f"{node.where}: casts to FLOAT8E8M0 are not supported")
+    if target.name in _SMALL_INTS:  # truncate, then wrap around, as numpy (ml_dtypes) does
+        bits = 4 if target.name.endswith("4") else 2
+        if not np.issubdtype(source, np.integer):
+            x = xp.trunc(x)
+        v = _cast(x, np.int32)
+        low = -(1 << (bits - 1)) if target.name.startswith("int") else 0
+        span = np.asarray(1 << bits, np.int32)
+        return _cast(xp.mod(v - np.int32(low), span) + np.int32(low), target)
+    if target.name in _SMALL_FLOATS and node.get("saturate", 1):
+        top = float(ml_dtypes.finfo(target).max)
+        x = xp.clip(x, np.asarray(-top, source), np.asarray(top, source))
+    return _cast(x, target)
+
+
+def _cast_check(node: Node) -> None:
+    if node["to"] == 8:  # TensorProto.STRING
+        raise TypeError(f"{node.where}: casts to STRING; {STRINGS_ADVICE}")
+
+
+@register("Cast", check=_cast_check)
+def _cast_op(node: Node, x: Any) -> Any:
+    _cast_check(node)
+    return _convert(node, x, tensor_dtype(node["to"], node.where))
+
+
+@register("CastLike")
+def _cast_like(node: Node, x: Any, like: Any) -> Any:
+    return _convert(node, x, np.dtype(like.dtype))

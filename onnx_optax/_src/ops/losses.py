@@ -1,0 +1,53 @@
+"""The loss ops of ai.onnx: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+
+Both share one negative log-likelihood (``_nll``) with its ``reduction``,
+``ignore_index`` and class weights. A new loss op goes here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from onnx_optax._src.ops.arrays import _is_int
+from onnx_optax._src.ops.registry import Node, register
+
+
+def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
+    """Negative log-likelihood of ``labels`` under ``log_prob`` (N, C, d...), with reduction."""
+    if not _is_int(labels):
+        raise TypeError(f"{node.where}: labels must be integers, got {labels.dtype}")
+    reduction = node.get("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(f"{node.where}: reduction must be none, sum or mean, got {reduction!r}")
+    ignore = node.get("ignore_index")
+    labels = jnp.asarray(labels)
+    valid = jnp.ones(labels.shape, bool) if ignore is None else labels != ignore
+    safe = jnp.where(valid, labels, 0)
+    picked = jnp.take_along_axis(log_prob, safe[:, None], axis=1, mode="clip")[:, 0]
+    w = (
+        jnp.ones(labels.shape, log_prob.dtype)
+        if weights is None
+        else jnp.take(weights, safe, mode="clip")
+    )
+    w = jnp.where(valid, w, jnp.zeros_like(w))
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return jnp.sum(loss)
+    return jnp.sum(loss) / jnp.sum(w)
+
+
+@register("NegativeLogLikelihoodLoss")
+def _nll_loss(node: Node, log_prob: Any, labels: Any, weights: Any = None) -> Any:
+    return _nll(node, log_prob, labels, weights)
+
+
+@register("SoftmaxCrossEntropyLoss")
+def _softmax_cross_entropy(node: Node, scores: Any, labels: Any, weights: Any = None) -> Any:
+    log_prob = jax.nn.log_softmax(scores, axis=1)
+    loss = _nll(node, log_prob, labels, weights)
+    return (loss, log_prob)[: node.n_outputs]

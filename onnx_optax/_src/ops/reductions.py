@@ -1,0 +1,102 @@
+"""Reductions of ai.onnx: the Reduce* ops and ArgMax/ArgMin.
+
+The Reduce* ops read their axes from an input (newer opsets) or an attribute
+(older ones).
+
+To add a reduction: an entry in the table below, giving its function and, where
+reducing an empty axis has a value, that value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from onnx_optax._src.ops.arrays import _axes, _axes_of, _axis, _cast, _xp
+from onnx_optax._src.ops.registry import Node, register
+
+
+def _reduction(
+    fn: Callable[..., Any], empty: Callable[[Any], Any] | None = None
+) -> Callable[..., Any]:
+    def run(node: Node, x: Any, axes: Any = None) -> Any:
+        picked = _axes_of(node, axes)
+        keepdims = bool(node.get("keepdims", 1))
+        if not picked:
+            if node.get("noop_with_empty_axes", 0):
+                return x
+            picked = list(range(np.ndim(x)))
+        picked_ = _axes(picked, np.ndim(x), node.where)
+        xp = _xp(x)
+        if any(x.shape[a] == 0 for a in picked_) and empty is not None:
+            shape = [1 if a in picked_ else d for a, d in enumerate(x.shape)]
+            out = xp.full(shape, empty(x.dtype), x.dtype)
+            return (
+                out
+                if keepdims
+                else out.reshape([d for a, d in enumerate(x.shape) if a not in picked_])
+            )
+        return fn(xp, x, picked_, keepdims)
+
+    return run
+
+
+def _low(dtype: Any) -> Any:
+    if np.dtype(dtype) == np.bool_:
+        return False
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def _high(dtype: Any) -> Any:
+    if np.dtype(dtype) == np.bool_:
+        return True
+    return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+
+
+def _logsumexp(xp: Any, x: Any, axes: Any, keepdims: bool) -> Any:
+    if xp is np:
+        top = np.max(x, axis=axes, keepdims=True)
+        out = np.log(np.sum(np.exp(x - top), axis=axes, keepdims=True)) + top
+        return out if keepdims else np.squeeze(out, axis=axes)
+    return jax.nn.logsumexp(x, axis=axes, keepdims=keepdims)
+
+
+for _name, _reduce, _empty in [
+    ("ReduceSum", lambda xp, x, a, k: xp.sum(x, axis=a, keepdims=k), None),
+    ("ReduceMean", lambda xp, x, a, k: xp.mean(x, axis=a, keepdims=k), None),
+    ("ReduceMax", lambda xp, x, a, k: xp.max(x, axis=a, keepdims=k), _low),
+    ("ReduceMin", lambda xp, x, a, k: xp.min(x, axis=a, keepdims=k), _high),
+    ("ReduceProd", lambda xp, x, a, k: xp.prod(x, axis=a, keepdims=k), None),
+    ("ReduceL1", lambda xp, x, a, k: xp.sum(xp.abs(x), axis=a, keepdims=k), None),
+    (
+        "ReduceL2",
+        lambda xp, x, a, k: xp.sqrt(xp.sum(xp.square(x), axis=a, keepdims=k)).astype(x.dtype),
+        None,
+    ),
+    ("ReduceSumSquare", lambda xp, x, a, k: xp.sum(xp.square(x), axis=a, keepdims=k), None),
+    ("ReduceLogSum", lambda xp, x, a, k: xp.log(xp.sum(x, axis=a, keepdims=k)), lambda d: -np.inf),
+    ("ReduceLogSumExp", _logsumexp, lambda d: -np.inf),
+]:
+    register(_name, static=(1,))(_reduction(_reduce, _empty))
+
+
+def _arg(fn_name: str) -> Callable[..., Any]:
+    def run(node: Node, x: Any) -> Any:
+        axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+        keepdims = bool(node["keepdims"])
+        xp = _xp(x)
+        if node.get("select_last_index", 0):
+            flipped = xp.flip(x, axis=axis)
+            index = x.shape[axis] - 1 - getattr(xp, fn_name)(flipped, axis=axis, keepdims=keepdims)
+        else:
+            index = getattr(xp, fn_name)(x, axis=axis, keepdims=keepdims)
+        return _cast(index, np.int64)
+
+    return run
+
+
+register("ArgMax")(_arg("argmax"))
+register("ArgMin")(_arg("argmin"))

@@ -1,0 +1,85 @@
+"""The one registry of ONNX ops: :class:`Op` and :class:`Node`, ``REGISTRY`` and ``register``.
+
+One registry, keyed by domain and then by op type (not by opset version):
+``REGISTRY[""]["Relu"]``, also ``OPS["Relu"]`` (``OPS`` is the ``ai.onnx``
+table), is an :class:`Op` whose ``fn(node, *inputs)`` follows the newest opset's
+semantics and branches only where a newer opset changed them (``axes`` moving
+from an attribute to an input, Softmax's axis, Pad's and Slice's old attribute
+forms). Every family module of this package registers its ops here with
+:func:`register` (``register("Scaler", domain="ai.onnx.ml")`` in ``ml``);
+importing the package (``onnx_optax._src.ops``) imports them all, so whoever
+reads the registry sees every op. ``node`` is a :class:`Node`: the attributes by
+name with the schema's defaults for the model's opset of the node's domain, the
+opset itself and how errors name the node. Absent optional inputs arrive as ``None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+# The default Limits.tensor_bytes (onnx_optax._src.load): the most bytes one tensor a
+# node computes may take, checked before numpy allocates it or XLA is handed its shape.
+MAX_TENSOR_BYTES = 16 * 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """What an op function knows of its node: attributes (defaults filled), opset, name."""
+
+    attrs: Mapping[str, Any]
+    opset: int
+    where: str  # how errors name the node
+    n_outputs: int
+    max_bytes: int = MAX_TENSOR_BYTES  # the largest tensor the node may compute
+
+    def __getitem__(self, name: str) -> Any:
+        return self.attrs[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self.attrs.get(name)
+        return default if value is None else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One op type: its function, the input positions read at trace time, its checks."""
+
+    fn: Callable[..., Any]
+    static: tuple[int, ...] = ()  # inputs that must be known while tracing (shapes, axes)
+    # Checks the attributes alone when the graph is prepared (before any input is seen).
+    check: Callable[[Node], None] | None = None
+
+
+# The one registry: domain ('' for ai.onnx) -> op type -> Op.
+REGISTRY: dict[str, dict[str, Op]] = {"": {}}
+OPS: dict[str, Op] = REGISTRY[""]  # the ai.onnx ops
+
+
+def domain_of(node: Any) -> str:
+    """A node's domain as the registry keys it ('' for ai.onnx, however written)."""
+    return "" if node.domain in STANDARD_DOMAINS else node.domain
+
+
+def find_op(node: Any) -> Op | None:
+    """The registered op running ``node`` (by its domain and op type), if any."""
+    return REGISTRY.get(domain_of(node), {}).get(node.op_type)
+
+
+def register(
+    *names: str,
+    static: tuple[int, ...] = (),
+    domain: str = "",
+    check: Callable[[Node], None] | None = None,
+) -> Callable[..., Any]:
+    """Registers ``fn(node, *inputs)`` as the op(s) ``names`` of ``domain``."""
+    table = REGISTRY.setdefault("" if domain in STANDARD_DOMAINS else domain, {})
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in names:
+            table[name] = Op(fn, static, check)
+        return fn
+
+    return wrap

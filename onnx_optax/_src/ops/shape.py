@@ -1,0 +1,331 @@
+"""Shape and layout ops of ai.onnx, and the ops that make tensors.
+
+Shape, Size, Reshape, Flatten, Transpose, Squeeze/Unsqueeze, Concat, Split,
+Slice, Gather/GatherElements, Expand, Tile, Pad, DepthToSpace/SpaceToDepth, and
+Identity, Constant, ConstantOfShape, Range. Shape-valued inputs are static
+(``register(..., static=...)``), and these ops compute with numpy on static
+values, so shape arithmetic folds while tracing. A new op that moves, cuts or
+makes tensors goes here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from onnx_optax._src.onnx_tensors import refuse_narrowing
+from onnx_optax._src.ops.arrays import (
+    _axes,
+    _axes_of,
+    _axis,
+    _canonical,
+    _ints,
+    _is_int,
+    _same_dtype,
+    _xp,
+    check_size,
+    is_static,
+)
+from onnx_optax._src.ops.registry import Node, register
+
+
+@register("Identity")
+def _identity(node: Node, x: Any) -> Any:
+    del node
+    return x
+
+
+@register("Constant")
+def _constant(node: Node) -> Any:
+    given = [name for name, value in node.attrs.items() if value is not None]
+    if len(given) != 1:
+        raise ValueError(f"{node.where}: a Constant has exactly one value attribute, got {given}")
+    (name,) = given
+    value = node[name]
+    if name == "value":
+        return value  # already read by read_tensor
+    if name in ("value_float", "value_floats"):
+        return np.asarray(value, np.float32)
+    if name in ("value_int", "value_ints"):
+        return np.asarray(value, np.int64)
+    raise ValueError(
+        f"{node.where}: Constant attribute '{name}' (strings, sparse) is not supported"
+    )
+
+
+@register("ConstantOfShape", static=(0,))
+def _constant_of_shape(node: Node, shape: Any) -> Any:
+    value = node.get("value")  # ONNX's default: a float32 zero
+    fill = (np.zeros((), np.float32) if value is None else np.asarray(value)).reshape(-1)
+    if fill.size != 1:
+        raise ValueError(f"{node.where}: attribute 'value' must hold one element, got {fill.size}")
+    dims = _ints(shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{node.where}: negative dimension in shape {dims}")
+    check_size(node, dims, fill.dtype)
+    if math.prod(dims) > 1 << 16:  # big fills are computed on the device, not embedded
+        refuse_narrowing(f"{node.where}: attribute 'value'", fill)
+        return jnp.full(dims, fill[0], _canonical(fill.dtype))
+    return np.full(dims, fill[0], fill.dtype)
+
+
+@register("Range", static=(0, 1, 2))
+def _range(node: Node, start: Any, limit: Any, delta: Any) -> Any:
+    _same_dtype(node, start, limit, delta)
+    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    if delta == 0:
+        raise ValueError(f"{node.where}: delta is 0")
+    steps = float((limit - start) / delta)
+    if not math.isfinite(steps):
+        raise ValueError(
+            f"{node.where}: start {start}, limit {limit} and delta {delta} give no finite "
+            "number of elements"
+        )
+    count = max(math.ceil(steps), 0)
+    check_size(node, [count], np.int64, "index array")  # numpy builds it first
+    return (start + np.arange(count) * delta).astype(start.dtype)
+
+
+@register("Shape")
+def _shape(node: Node, x: Any) -> Any:
+    dims = np.asarray(np.shape(x), np.int64)
+    rank = len(dims)
+    start = int(node.get("start", 0))
+    end = node.get("end")
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    stop = rank if end is None else int(end)
+    stop = min(max(stop + rank if stop < 0 else stop, 0), rank)
+    return dims[start:stop]
+
+
+@register("Size")
+def _size(node: Node, x: Any) -> Any:
+    del node
+    return np.asarray(math.prod(np.shape(x)), np.int64)
+
+
+@register("Reshape", static=(1,))
+def _reshape(node: Node, x: Any, shape: Any = None) -> Any:
+    dims = _ints(node.get("shape") if shape is None else shape)
+    if not node.get("allowzero", 0):
+        dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    try:
+        return _xp(x).reshape(x, dims)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{node.where}: cannot reshape shape {list(x.shape)} to {_ints(shape)}"
+        ) from None
+
+
+@register("Flatten")
+def _flatten(node: Node, x: Any) -> Any:
+    rank = np.ndim(x)
+    axis = int(node["axis"])
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        raise ValueError(f"{node.where}: axis {node['axis']} is out of range for rank {rank}")
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+@register("Transpose")
+def _transpose(node: Node, x: Any) -> Any:
+    perm = node.get("perm")
+    perm = list(range(np.ndim(x)))[::-1] if perm is None else list(perm)
+    if sorted(perm) != list(range(np.ndim(x))):
+        raise ValueError(f"{node.where}: perm {perm} is not a permutation of rank {np.ndim(x)}")
+    return _xp(x).transpose(x, perm)
+
+
+@register("Squeeze", static=(1,))
+def _squeeze(node: Node, x: Any, axes: Any = None) -> Any:
+    picked = _axes_of(node, axes)
+    if picked is None:
+        picked = [i for i, d in enumerate(x.shape) if d == 1]
+    picked_ = _axes(picked, np.ndim(x), node.where)
+    if any(x.shape[a] != 1 for a in picked_):
+        raise ValueError(f"{node.where}: cannot squeeze axes {picked} of shape {list(x.shape)}")
+    return _xp(x).squeeze(x, axis=picked_) if picked_ else x
+
+
+@register("Unsqueeze", static=(1,))
+def _unsqueeze(node: Node, x: Any, axes: Any = None) -> Any:
+    picked = _axes_of(node, axes)
+    if picked is None:
+        raise ValueError(f"{node.where}: Unsqueeze needs axes")
+    rank = np.ndim(x) + len(picked)
+    shape = list(np.shape(x))
+    for a in sorted(_axes(picked, rank, node.where)):
+        shape.insert(a, 1)
+    return _xp(x).reshape(x, shape)
+
+
+@register("Concat")
+def _concat(node: Node, *xs: Any) -> Any:
+    xs = tuple(x for x in xs if x is not None)
+    _same_dtype(node, *xs)
+    axis = _axis(int(node["axis"]), np.ndim(xs[0]), node.where)
+    try:
+        return _xp(*xs).concatenate(xs, axis=axis)
+    except (TypeError, ValueError):
+        shapes = [list(np.shape(x)) for x in xs]
+        raise ValueError(
+            f"{node.where}: cannot concatenate shapes {shapes} on axis {axis}"
+        ) from None
+
+
+@register("Split", static=(1,))
+def _split(node: Node, x: Any, split: Any = None) -> Any:
+    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    size = x.shape[axis]
+    sizes = _ints(split) if split is not None else node.get("split")
+    n = node.n_outputs
+    if sizes is None:
+        parts = int(node.get("num_outputs", n))
+        chunk = -(-size // parts)
+        sizes = [min(chunk, size - i * chunk) for i in range(parts)]
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != size or len(sizes) != n:
+        raise ValueError(
+            f"{node.where}: split {sizes} does not cut axis {axis} of size {size} into {n}"
+        )
+    offsets = np.cumsum([0, *sizes])
+    xp = _xp(x)
+    return tuple(
+        xp.take(x, np.arange(offsets[i], offsets[i + 1]), axis=axis)
+        if xp is np
+        else lax.slice_in_dim(x, int(offsets[i]), int(offsets[i + 1]), axis=axis)
+        for i in range(n)
+    )
+
+
+@register("Slice", static=(1, 2, 3, 4))
+def _slice(
+    node: Node, x: Any, starts: Any = None, ends: Any = None, axes: Any = None, steps: Any = None
+) -> Any:
+    if node.opset < 10:
+        starts, ends, axes = node.get("starts"), node.get("ends"), node.get("axes")
+    rank = np.ndim(x)
+    starts_, ends_ = _ints(starts), _ints(ends)
+    axes_ = list(range(len(starts_))) if axes is None else _ints(axes)
+    steps_ = [1] * len(starts_) if steps is None else _ints(steps)
+    if not len(starts_) == len(ends_) == len(axes_) == len(steps_):
+        raise ValueError(f"{node.where}: starts, ends, axes and steps differ in length")
+    index: list[Any] = [slice(None)] * rank
+    for start, end, axis, step in zip(
+        starts_, ends_, _axes(axes_, rank, node.where), steps_, strict=True
+    ):
+        dim = x.shape[axis]
+        if step == 0:
+            raise ValueError(f"{node.where}: a step is 0")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        index[axis] = slice(start, None if end < 0 else end, step)
+    return x[tuple(index)]
+
+
+@register("Gather")
+def _gather(node: Node, x: Any, indices: Any) -> Any:
+    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    if not _is_int(indices):
+        raise TypeError(f"{node.where}: indices must be integers, got {indices.dtype}")
+    dim = x.shape[axis]
+    xp = _xp(x, indices)
+    indices = xp.where(indices < 0, indices + dim, indices)
+    if xp is np:
+        return np.take(x, indices, axis=axis)
+    return jnp.take(x, indices, axis=axis, mode="clip")
+
+
+@register("GatherElements")
+def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
+    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    indices = jnp.where(indices < 0, indices + x.shape[axis], indices)
+    return jnp.take_along_axis(x, indices, axis=axis, mode="clip")
+
+
+@register("Expand", static=(1,))
+def _expand(node: Node, x: Any, shape: Any) -> Any:
+    try:
+        target = np.broadcast_shapes(np.shape(x), tuple(_ints(shape)))
+    except ValueError:
+        raise ValueError(
+            f"{node.where}: shape {list(np.shape(x))} does not expand to {_ints(shape)}"
+        ) from None
+    check_size(node, target, x.dtype)
+    return _xp(x).broadcast_to(x, target)
+
+
+@register("Tile", static=(1,))
+def _tile(node: Node, x: Any, repeats: Any) -> Any:
+    reps = _ints(repeats)
+    if len(reps) != np.ndim(x):
+        raise ValueError(f"{node.where}: repeats {reps} do not match rank {np.ndim(x)}")
+    if any(r < 0 for r in reps):
+        raise ValueError(f"{node.where}: negative repeats {reps}")
+    check_size(node, [d * r for d, r in zip(np.shape(x), reps, strict=True)], x.dtype)
+    return _xp(x).tile(x, reps)
+
+
+@register("Pad", static=(1, 3))
+def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = None) -> Any:
+    rank = np.ndim(x)
+    if node.opset < 11:
+        amounts = [int(p) for p in node.get("pads") or node.get("paddings")]
+        fill = np.asarray(node.get("value", 0.0), x.dtype)
+    else:
+        amounts = _ints(pads)
+        fill = np.zeros((), x.dtype) if value is None else value
+    picked = list(range(rank)) if axes is None else list(_axes(_ints(axes), rank, node.where))
+    if len(amounts) != 2 * len(picked):
+        raise ValueError(f"{node.where}: pads {amounts} do not fit {len(picked)} axes")
+    widths = [[0, 0] for _ in range(rank)]
+    for i, axis in enumerate(picked):
+        widths[axis] = [amounts[i], amounts[i + len(picked)]]
+    # negative pads crop
+    crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))
+    x = x[crop]
+    widths_ = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
+    check_size(node, [d + lo + hi for d, (lo, hi) in zip(x.shape, widths_, strict=True)], x.dtype)
+    mode = node.get("mode", "constant")
+    xp = _xp(x, value)
+    if mode == "constant":
+        if is_static(fill) and xp is jnp:
+            return jnp.pad(x, widths_, constant_values=np.asarray(fill).reshape(()))
+        if xp is np:
+            return np.pad(x, widths_, constant_values=np.asarray(fill).reshape(()))
+        padded = jnp.pad(x, widths_)
+        mask = np.pad(np.zeros(x.shape, bool), widths_, constant_values=True)
+        return jnp.where(mask, jnp.reshape(fill, ()).astype(x.dtype), padded)
+    if mode not in ("reflect", "edge", "wrap"):
+        raise ValueError(f"{node.where}: unknown mode {mode!r}")
+    return xp.pad(x, widths_, mode=mode)
+
+
+@register("DepthToSpace")
+def _depth_to_space(node: Node, x: Any) -> Any:
+    b = int(node["blocksize"])
+    n, c, h, w = x.shape
+    if node.get("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@register("SpaceToDepth")
+def _space_to_depth(node: Node, x: Any) -> Any:
+    b = int(node["blocksize"])
+    n, c, h, w = x.shape
+    if node.get("mode", "DCR") == "CRD":
+        y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 1, 3, 5, 2, 4)
+        return y.reshape(n, c * b * b, h // b, w // b)
+    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    return y.reshape(n, c * b * b, h // b, w // b)
