@@ -440,6 +440,10 @@ def test_a_symbolic_class_axis_is_refused_at_attach_naming_the_output() -> None:
         ),
     ):
         _attach(_sequence_model("TNC"))
+    fixed = _sequence_model("TNC")
+    fixed.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 1  # a batch of one
+    with pytest.raises(ValueError, match=r"its axis 1 holds 1 class\(es\), and a class loss"):
+        _attach(fixed)
     with pytest.raises(ValueError, match=r"class_axis=3 is out of range for output 'scores'"):
         _attach(_sequence_model("TNC"), class_axis=3)
     with pytest.raises(ValueError, match=r"class_axis= is for class losses; 'mse'"):

@@ -141,6 +141,12 @@ def _classes_on_axis_1(
             f"{shape[axis] or 'unknown'}) has no fixed size, so it cannot hold the classes of a "
             f"class loss{hint}"
         )
+    if isinstance(shape[axis], int) and shape[axis] < 2:
+        raise ValueError(
+            f"output '{prediction}' has shape {shown}: its axis {axis} holds {shape[axis]} "
+            "class(es), and a class loss over fewer than 2 classes learns nothing; pass the "
+            "class_axis= that holds the classes, or use bce_with_logits for one logit"
+        )
     others = [a for a in range(rank) if a != axis]
     target_shape = [shape[a] for a in others]
     if axis == 1:
