@@ -10,6 +10,8 @@
 * :func:`plan`: every tensor the model stores, whether ``attach`` trains it
   and why (weights, exporter constants, hyperparameters, Constant nodes it
   lifts, running statistics, ...).
+* :func:`batches`: one epoch of arrays as batches, shuffled in an order that
+  depends only on ``(seed, epoch)``, so a resumed run continues exactly.
 * :func:`check`: everything the ONNX checker does not validate about
   ``training_info`` (bindings, Gradient, optimizer state, T), as messages.
 * :class:`Session`: runs the initialization graphs and then algorithm steps,
@@ -58,6 +60,7 @@ except ImportError as _error:
 
 from onnx_optax.training import schedules
 from onnx_optax.training._attach import attach
+from onnx_optax.training._batches import batches
 from onnx_optax.training._check import Problem, check
 from onnx_optax.training._losses import LOSSES
 from onnx_optax.training._model import TrainingModelError, load
@@ -72,6 +75,7 @@ __all__ = [
     "Tensor",
     "TrainingModelError",
     "attach",
+    "batches",
     "check",
     "load",
     "plan",
