@@ -18,6 +18,7 @@ from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax._src.onnx_nodes import describe
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import STANDARD_DOMAINS
+from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._model import declared, opsets, value_info
 
 # Losses whose input 1 holds class indices into axis 1 of input 0.
@@ -218,10 +219,12 @@ def check_feeds(
                 f"{where}: missing feed '{name}'; {taker} takes {[v.name for v in values]}"
             )
         array = inputs[name]
-        array = array if isinstance(array, jax.Array) else np.asarray(array)
         elem, shape = declared(value)
-        if elem:
-            want = tensor_dtype(elem, f"input '{name}'")
+        want = tensor_dtype(elem, f"input '{name}'") if elem else None
+        if is_python(array):  # numbers and lists, converted to the declared dtype if lossless
+            array = from_python(where, name, array, want)
+        array = array if isinstance(array, jax.Array) else np.asarray(array)
+        if want is not None:
             if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
                 raise TypeError(
                     f"{where}: feed '{name}' has dtype {array.dtype}; the graph declares {want}"

@@ -14,13 +14,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
 from onnx_optax._src.graph import GraphFunction, to_jax
+from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
+from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
     as_model,
+    declared,
     mutable,
     opsets,
     read_initializers,
@@ -157,6 +160,23 @@ class Session:
         dims: dict[str, Any] = {}
         return [self._feeds(entry, inputs, dims) for entry in self._entries]
 
+    def _from_python(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``inputs`` with Python numbers and lists as arrays of the dtype a step declares.
+
+        Converted once, so the class labels are checked on the values the step reads.
+        """
+        if not isinstance(inputs, Mapping) or not any(is_python(v) for v in inputs.values()):
+            return inputs
+        converted = dict(inputs)
+        for entry in self._entries:
+            for value in entry.feeds:
+                name = value.name
+                if name in converted and is_python(converted[name]):
+                    elem = declared(value)[0]
+                    want = tensor_dtype(elem, f"input '{name}'") if elem else None
+                    converted[name] = from_python(entry.where, name, converted[name], want)
+        return converted
+
     def _checked_feeds(self, inputs: Mapping[str, Any], *, step: bool) -> list[dict[str, Any]]:
         """Every entry's feeds, all checked before any is used.
 
@@ -165,6 +185,7 @@ class Session:
         loss node whose labels are a feed, against which the labels are
         checked on every call.
         """
+        inputs = self._from_python(inputs)
         all_feeds = self._all_feeds(inputs)
         for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
             key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
@@ -279,7 +300,13 @@ class Session:
         """
         return self._with_state(strip=True)
 
-    def save(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        external_data: bool | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         """Writes :meth:`to_model` to ``path``; ``Session(path)`` resumes bit-identically.
 
         Args:
@@ -288,6 +315,8 @@ class Session:
             ``<file name>.data`` beside it, as ONNX external data. None (the
             default) does so when the model would exceed protobuf's 2 GiB
             limit; False refuses such a model with a ValueError.
+          metadata: entries to set in the saved model's ``metadata_props``
+            (replacing those of the same key; the session's model is unchanged).
 
         Each file is written new in the folder and renamed into place (the
         data file first): a symbolic link at ``path`` or at its ``.data`` file
@@ -296,5 +325,10 @@ class Session:
         """
         model = onnx.ModelProto()
         model.CopyFrom(self._model)  # the bound initializers hold no data there
+        if metadata:
+            kept = [(p.key, p.value) for p in model.metadata_props if p.key not in metadata]
+            del model.metadata_props[:]
+            for key, value in [*kept, *metadata.items()]:
+                model.metadata_props.add(key=str(key), value=str(value))
         arrays = {n: functools.partial(self._current, n) for n in self._state}
         save_model(model, path, external_data, arrays)
