@@ -4,14 +4,16 @@
 Exit status: 0 success (every conformance case passes), 1 a check failed (a
 conformance case, a training model's problems), 2 a usage error (a file that
 cannot be read, a model the command cannot read or check, data that do not fit
-the model) or a missing optional dependency. With no command, ``onnx-optax``
-prints its help and exits 2.
+the model) or a missing optional dependency, 128 + the signal after an
+interrupt (130 for Ctrl-C; ``train`` saves first). With no command,
+``onnx-optax`` prints its help and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import pathlib
 import sys
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     import onnx
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
 
 # The benchmark harness lives in the repository, not in the package.
 BENCHMARK = pathlib.Path("benchmarks") / "optimizer_step.py"
@@ -160,6 +163,8 @@ def _attach(args: argparse.Namespace) -> int:
         kwargs["alpha"] = args.alpha
     if args.beta is not None:
         kwargs["beta"] = args.beta
+    if not math.isfinite(args.learning_rate) or args.learning_rate <= 0:
+        raise UsageError(f"--learning-rate must be a finite number > 0, got {args.learning_rate}")
     factory = getattr(onnx_optax, args.optimizer)
     try:
         optimizer = factory(args.learning_rate, **kwargs)
@@ -204,68 +209,47 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _train(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    training = _training()
-    if args.steps < 1 or args.batch_size < 1:
-        raise UsageError("--steps and --batch-size must be at least 1")
-    _writable_file(args.output, "the model")
-    if args.inference:
-        _writable_file(args.inference, "the inference model")
-    model = _read_model(training, args.model)
-    try:
-        session = training.Session(model)
-    except training.TrainingModelError as error:
-        print(str(error), file=sys.stderr)
-        return EXIT_FAILED
-    except (TypeError, ValueError, NotImplementedError) as error:
-        raise UsageError(f"{args.model}: {error}") from None
-    if not pathlib.Path(args.data).is_file():
-        raise UsageError(f"cannot read the data {args.data!r}: no such file")
-    from onnx_optax._src.npz import read_npz
-
-    try:  # only the arrays a step reads, each checked against the size limit before inflating
-        data, held = read_npz(args.data, session.inputs)
-    except Exception as error:  # a stranger's file: any parse failure is a usage error
-        raise UsageError(f"cannot read the data {args.data!r}: {error}") from None
-    missing = [n for n in session.inputs if n not in data]
-    if missing:
-        raise UsageError(
-            f"{args.data}: no array for the input(s) {missing}; the model trains on "
-            f"{session.inputs} and the file holds {sorted(held)}"
-        )
-    data = {n: data[n] for n in session.inputs}
-    rows = {n: (v.shape[0] if v.ndim else None) for n, v in data.items()}
-    if len(set(rows.values())) != 1 or None in rows.values():
-        raise UsageError(f"{args.data}: the arrays must have the same number of rows, got {rows}")
-    count = int(next(iter(rows.values())) or 0)
-    if args.batch_size > count:
-        raise UsageError(f"--batch-size {args.batch_size} is larger than the {count} rows of data")
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(count)
-    position = 0
-    for step in range(1, args.steps + 1):
-        if position + args.batch_size > count:
-            order, position = rng.permutation(count), 0
-        index = order[position : position + args.batch_size]
-        position += args.batch_size
+def _batch_axes(specs: list[str] | None) -> dict[str, int]:
+    """``--batch-axis NAME=AXIS`` options as a mapping from name to axis."""
+    axes: dict[str, int] = {}
+    for spec in specs or []:
+        name, _, axis = spec.rpartition("=")
         try:
-            outputs = session.step({n: v[index] for n, v in data.items()})
-        except (TypeError, ValueError, NotImplementedError) as error:
-            raise UsageError(f"{args.data}: {error}") from None
-        if step == 1 or step == args.steps or step % args.log_every == 0:
-            shown = " ".join(f"{k}={float(np.mean(v)):.6g}" for k, v in outputs.items())
-            print(f"step {step}/{args.steps} {shown}", file=sys.stderr)
-    try:
-        session.save(args.output)
-    except (ValueError, OSError) as error:
-        raise UsageError(str(error)) from None
-    print(f"wrote {args.output}", file=sys.stderr)
-    if args.inference:
-        _write_model(session.to_inference_model(), args.inference)
-        print(f"wrote {args.inference}", file=sys.stderr)
-    return EXIT_OK
+            number = int(axis)
+        except ValueError:
+            number = None
+        if not name or number is None:
+            raise UsageError(f"--batch-axis takes NAME=AXIS (such as target=1), got {spec!r}")
+        if name in axes:
+            raise UsageError(f"--batch-axis names '{name}' twice")
+        axes[name] = number
+    return axes
+
+
+def _train(args: argparse.Namespace) -> int:
+    for option, value, least in (
+        ("--steps", args.steps, 1),
+        ("--epochs", args.epochs, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--log-every", args.log_every, 1),
+        ("--val-every", args.val_every, 1),
+        ("--save-every", args.save_every, 1),
+        ("--seed", args.seed, 0),
+    ):
+        if value is not None and value < least:
+            raise UsageError(f"{option} must be at least {least}, got {value}")
+    if args.val_every is not None and not args.val_data:
+        raise UsageError("--val-every needs --val-data")
+    axes = _batch_axes(args.batch_axis)
+    _writable_file(args.output, "the model")
+    for path, what in ((args.inference, "inference model"), (args.log, "log"), (args.plot, "plot")):
+        if path:
+            _writable_file(path, f"the {what}")
+    if args.plot:
+        require("onnx-optax train --plot", "examples", "matplotlib")
+    from onnx_optax._src.trainer import run_train
+
+    return run_train(args, axes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="onnx-optax",
         description="ONNX training operators (Adagrad, Adam, Momentum) on JAX/XLA.",
         epilog="exit status: 0 success, 1 a check failed (conformance), 2 a usage error or a "
-        "missing optional dependency",
+        "missing optional dependency, 130 interrupted (train saves first)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {onnx_optax.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -436,19 +420,86 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train",
         help="train a model from its own training_info on arrays of an .npz file",
-        description="Run the model's training_info for --steps steps on shuffled batches of "
-        "the arrays in --data (named as the inputs a step reads, one row per example), print "
-        "the loss on stderr and write the trained model, which trains on from where it stopped.",
+        description="Run the model's training_info on batches of the arrays in --data (named "
+        "as the inputs a step reads, one row per example along each one's batch axis) for "
+        "--steps steps or --epochs epochs, show the progress on stderr and write the trained "
+        "model. The model records where the run stands (epoch, row, seed, steps), so a "
+        "train on it continues the same sequence of batches: after an interrupt (SIGINT or "
+        "SIGTERM saves, then exits 128 + the signal: 130 for Ctrl-C), the same command on "
+        "the saved model finishes the run exactly as if it had not stopped.",
     )
     train.add_argument("model", help="the training model (.onnx)")
     train.add_argument("--data", required=True, help=".npz file of arrays named as the inputs")
-    train.add_argument("--steps", type=int, required=True, help="training steps")
+    length = train.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=int, help="steps of the run")
+    length.add_argument(
+        "--epochs", type=int, help="passes over the data (the batches of an epoch, times N)"
+    )
     train.add_argument("--batch-size", type=int, default=32, help="rows a step (default: 32)")
+    train.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="shuffle the rows of each epoch, in an order that depends on --seed and the "
+        "epoch alone (default: in order)",
+    )
     train.add_argument("--seed", type=int, default=0, help="seed of the shuffling (default: 0)")
     train.add_argument(
-        "--log-every", type=int, default=10, help="print the loss every N steps (default: 10)"
+        "--drop-last",
+        action="store_true",
+        help="leave out each epoch's last batch when it is smaller than --batch-size (one "
+        "shape, one compilation)",
     )
-    train.add_argument("-o", "--output", required=True, help="the trained model to write")
+    train.add_argument(
+        "--batch-axis",
+        action="append",
+        metavar="NAME=AXIS",
+        help="the batch axis of input NAME (repeat; default 0; target=1 for a time-major "
+        "[T, N] target)",
+    )
+    train.add_argument(
+        "--val-data", metavar="FILE", help=".npz file of validation arrays, named as --data's"
+    )
+    train.add_argument(
+        "--val-every",
+        type=int,
+        metavar="K",
+        help="validation loss (and accuracy, for class targets) every K steps and at the end "
+        "(default: every epoch)",
+    )
+    train.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        metavar="K",
+        help="a line of progress (without a terminal) and a row of the log every K steps "
+        "(default: 10)",
+    )
+    train.add_argument(
+        "--log",
+        metavar="FILE",
+        help="the log: CSV, or JSON lines if FILE ends in .jsonl (step, epoch, loss, "
+        "validation, learning rate, seconds)",
+    )
+    train.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="the training and validation loss curves (needs the examples extra)",
+    )
+    train.add_argument(
+        "--save-every",
+        type=int,
+        metavar="K",
+        help="also write the model every K steps (default: at the end and on SIGINT/SIGTERM)",
+    )
+    train.add_argument(
+        "--quiet", action="store_true", help="no progress bar or progress lines on stderr"
+    )
+    train.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the trained model to write (each save replaces it whole)",
+    )
     train.add_argument(
         "--inference",
         metavar="PATH",
@@ -476,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, MissingExtraError) as error:
         print(f"onnx-optax {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before a command could save anything: no traceback
+        print(f"onnx-optax {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (``| head``): no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED

@@ -73,7 +73,7 @@ def batches(
     start: int = 0,
     drop_last: bool = False,
 ) -> Batches:
-    """The batches of epoch ``epoch`` of ``arrays``: dicts of the same names, ``batch_size`` rows each.
+    """The batches of one epoch of ``arrays``: dicts of the same names, ``batch_size`` rows each.
 
     A row is one index along each array's batch axis (``axis``: one for all,
     or a mapping from name to axis, 0 for the names it leaves out: a
@@ -113,9 +113,10 @@ def batches(
       >>> data = {"x": np.arange(10.0).reshape(5, 2), "t": np.arange(5)}
       >>> [b["t"].tolist() for b in training.batches(data, 2)]
       [[0, 1], [2, 3], [4]]
-      >>> [b["t"].tolist() for b in training.batches(data, 2, shuffle=True, seed=1, epoch=3)]
+      >>> epoch_3 = dict(shuffle=True, seed=1, epoch=3)
+      >>> [b["t"].tolist() for b in training.batches(data, 2, **epoch_3)]
       [[0, 4], [2, 3], [1]]
-      >>> [b["t"].tolist() for b in training.batches(data, 2, shuffle=True, seed=1, epoch=3, start=2)]
+      >>> [b["t"].tolist() for b in training.batches(data, 2, **epoch_3, start=2)]  # resumed
       [[2, 3], [1]]
     """
     for label, value, least in (("batch_size", batch_size, 1), ("seed", seed, 0)):
@@ -138,9 +139,13 @@ def batches(
         a = axes[name]
         if not array.ndim:
             raise ValueError(f"array '{name}' is a scalar: it has no rows to batch")
-        if isinstance(a, bool) or not isinstance(a, int | np.integer) or not -array.ndim <= a < array.ndim:
+        if (
+            isinstance(a, bool)
+            or not isinstance(a, int | np.integer)
+            or not -array.ndim <= a < array.ndim
+        ):
             raise ValueError(
-                f"array '{name}' has shape {list(array.shape)}: its batch axis {a!r} is out of range"
+                f"array '{name}' has shape {list(array.shape)}: batch axis {a!r} is out of range"
             )
         axes[name] = int(a) % array.ndim
         counts[name] = array.shape[axes[name]]
@@ -153,8 +158,7 @@ def batches(
         raise ValueError(f"start must be an integer in [0, {rows}] (the rows), got {start!r}")
     if drop_last and batch_size > rows:
         raise ValueError(
-            f"batch_size {batch_size} is larger than the {rows} rows, and drop_last leaves "
-            "no batch"
+            f"batch_size {batch_size} is larger than the {rows} rows, and drop_last leaves no batch"
         )
     order = epoch_order(rows, seed=int(seed), epoch=int(epoch)) if shuffle else None
     return Batches(data, axes, rows, int(batch_size), order, int(start), bool(drop_last))

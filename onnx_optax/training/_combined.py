@@ -224,11 +224,13 @@ def check_feeds(
         if is_python(array):  # numbers and lists, converted to the declared dtype if lossless
             array = from_python(where, name, array, want)
         array = array if isinstance(array, jax.Array) else np.asarray(array)
-        if want is not None:
-            if np.dtype(array.dtype) not in (want, jax.dtypes.canonicalize_dtype(want)):
-                raise TypeError(
-                    f"{where}: feed '{name}' has dtype {array.dtype}; the graph declares {want}"
-                )
+        if want is not None and np.dtype(array.dtype) not in (
+            want,
+            jax.dtypes.canonicalize_dtype(want),
+        ):
+            raise TypeError(
+                f"{where}: feed '{name}' has dtype {array.dtype}; the graph declares {want}"
+            )
         if shape is not None:
             ok = len(shape) == array.ndim
             for d, n in zip(shape, array.shape, strict=False):
