@@ -41,7 +41,14 @@ def test_readme_block_runs(line: int, source: str, tmp_path: pathlib.Path) -> No
         text=True,
         timeout=300,
         cwd=tmp_path,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        # This checkout's package first (an installed onnx_optax may be another copy).
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(README.parent), os.environ.get("PYTHONPATH")) if p
+            ),
+        },
         check=False,
     )
     assert result.returncode == 0, f"README.md line {line}:\n{result.stderr}"
