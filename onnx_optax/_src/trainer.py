@@ -183,6 +183,11 @@ def _read_log(path: str, last: int) -> list[dict[str, Any]]:
         return []
 
 
+def log_scale(values: list[float]) -> bool:
+    """Whether losses read better on a log scale: all positive, spanning more than two decades."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 100
+
+
 def plot(path: str, title: str, rows: list[dict[str, Any]]) -> None:
     """Training and validation loss against the step, as a PNG written through the one writer.
 
@@ -204,7 +209,7 @@ def plot(path: str, title: str, rows: list[dict[str, Any]]) -> None:
             steps, losses = zip(*points, strict=True)
             axes.plot(steps, losses, style, label=label, markersize=3)
             values.extend(losses)
-    if values and min(values) > 0 and max(values) / min(values) > 100:
+    if log_scale(values):
         axes.set_yscale("log")
     axes.set_xlabel("step")
     axes.set_ylabel("loss" + (" (log scale)" if axes.get_yscale() == "log" else ""))
