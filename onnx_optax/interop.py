@@ -60,6 +60,7 @@ from onnx_optax._src.onnx_graph import (
     constant_value,
     increment_problem,
     producers,
+    rate_scale,
     training_entry,
 )
 from onnx_optax._src.onnx_nodes import (
@@ -71,7 +72,7 @@ from onnx_optax._src.onnx_nodes import (
     make_node,
     read_node,
 )
-from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.packed import PackedTree, path_keys
 from onnx_optax._src.registry import OPERATORS, operator_of
 
@@ -407,9 +408,29 @@ def _learning_rate(
     made_by: Mapping[str, onnx.NodeProto],
     stored: Mapping[str, onnx.TensorProto],
     constants: Mapping[str, onnx.TensorProto],
+    scale: tuple[str, str] | None = None,
+    name: str = "",
 ) -> float | None:
-    """R as stored (an initializer or a Constant node); None when it is fed."""
-    name, where = node.inputs[0], node.description
+    """R as stored (an initializer or a Constant node); None when it is fed.
+
+    With ``scale`` (what :func:`rate_scale` found: R is ``Mul(base, scale)``),
+    R is the stored base times the stored scale, in R's dtype.
+    """
+    if scale is not None:
+        base, factor = scale
+        unscaled = _learning_rate(node, made_by, stored, constants, name=base)
+        if unscaled is None:
+            return None
+        dtype = tensor_dtype(stored[factor].data_type, factor)
+        stored_scale = read_tensor(stored[factor], "the model's graph initializer")
+        scaled = float(np.asarray(unscaled, dtype) * stored_scale)
+        if not math.isfinite(scaled):
+            raise ValueError(
+                f"{node.description}: R ('{node.inputs[0]}') is {scaled}; a learning rate must "
+                "be finite"
+            )
+        return scaled
+    name, where = name or node.inputs[0], node.description
     producer = made_by.get(name)
     if producer is not None:
         if producer.domain not in ("", "ai.onnx") or producer.op_type != "Constant":
@@ -663,7 +684,9 @@ def from_model(
     check_sources(node, made_by, stored, constants)
     tensors = _stored_tensors(node, stored)
     binding = check_bindings(info, node, stored)
-    R = _learning_rate(node, made_by, stored, constants)
+    R = _learning_rate(
+        node, made_by, stored, constants, rate_scale(model, info.algorithm, node.inputs[0])
+    )
     T = _count(node, made_by, stored, constants, info, binding)
 
     if learning_rate is None:

@@ -7,6 +7,7 @@
 * :func:`check_bindings`, :func:`check_sources`: every binding accounted for,
   and where each input of the optimizer node comes from.
 * :func:`producers`: which node computes each tensor of a graph.
+* :func:`rate_scale`: the stored factor on R that ``attach`` writes (``<R>.scale``).
 * :func:`constant_value`: a Constant node's value.
 * :func:`increment_problem`: whether a binding of T is exactly ``T + 1``,
   decided from the graph's structure in exact integers (nothing is run, so
@@ -36,8 +37,13 @@ __all__ = [
     "constant_value",
     "increment_problem",
     "producers",
+    "rate_scale",
     "training_entry",
 ]
+
+# Float element types a learning-rate scale may have (TensorProto: FLOAT16, FLOAT,
+# DOUBLE, BFLOAT16), R's own type.
+_FLOAT_TYPES = (10, 1, 11, 16)
 
 TRAINING_IR_VERSION = 7  # the IR version that introduced ModelProto.training_info
 # How a refusal of a valid model beyond the importer ends.
@@ -171,6 +177,54 @@ def increment_problem(
         value = sign * T_now + offset
         return f"is {formula}, which computes {value} from T = {T_now}; it must be T + 1"
     return None
+
+
+def rate_scale(model: Any, algorithm: Any, rate: str) -> tuple[str, str] | None:
+    """``(base, scale)`` when R (``rate``, of ``algorithm``) is ``Mul(base, scale)`` and
+    ``scale`` is a learning-rate scale; else None.
+
+    A scale is a float scalar initializer of the model's graph that no binding
+    writes and that nothing but this ``Mul`` reads (no node of the inference
+    graph or of any ``training_info`` graph, no graph output), so changing its
+    value multiplies R and changes nothing else. ``attach`` writes one, named
+    ``<R>.scale`` and holding 1; ``Session.learning_rate_scale`` sets it.
+    """
+    producer = next((n for n in algorithm.node if rate in n.output), None)
+    if producer is None or producer.domain not in STANDARD_DOMAINS:
+        return None
+    if producer.op_type != "Mul" or len(producer.input) != 2 or list(producer.output) != [rate]:
+        return None
+    stored = {i.name: i for i in model.graph.initializer}
+    bound = {
+        e.key
+        for info in model.training_info
+        for e in (*info.update_binding, *info.initialization_binding)
+    }
+    for base, scale in (tuple(producer.input), tuple(reversed(producer.input))):
+        tensor = stored.get(scale)
+        if base == scale or tensor is None or scale in bound:
+            continue
+        if tensor.data_type not in _FLOAT_TYPES or list(tensor.dims) != []:
+            continue
+        readers = [n for n in model.graph.node if scale in _read_names(n)]
+        for info in model.training_info:
+            graphs = (info.initialization, info.algorithm)
+            readers += [n for g in graphs for n in g.node if scale in _read_names(n)]
+            readers += [o for g in graphs for o in g.output if o.name == scale]
+        readers += [o for o in model.graph.output if o.name == scale]
+        if len(readers) == 1 and readers[0] is producer:
+            return base, scale
+    return None
+
+
+def _read_names(node: Any) -> set[str]:
+    """The names a node reads: its inputs, and those its subgraphs read from outside."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            for inner in graph.node:
+                names |= _read_names(inner)
+    return names
 
 
 def training_entry(model: Any) -> tuple[Any, Any]:

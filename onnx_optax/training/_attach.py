@@ -51,6 +51,11 @@ def attach(
     parameters, the optimizer state (stored as initializers, as the
     transformation's ``init`` makes it) and T back. Its loss output is ``loss``.
 
+    R is the learning rate (a number, or a schedule's value at T) times
+    ``R.scale``, an initializer holding 1 that no binding writes:
+    :attr:`Session.learning_rate_scale` and :meth:`Session.set_learning_rate`
+    change it between steps, and the saved model keeps it.
+
     What trains is :func:`plan`'s rule, written once for ``attach``,
     ``check`` and ``onnx-optax attach --list``: the weights the output
     depends on (initializers and float ``Constant`` nodes in weight
@@ -179,13 +184,20 @@ def attach(
             rename[f"{p}.{field}.new"] = names(f"{n}.{field}.new")
     node.input[:] = [rename[n] for n in node.input]
     node.output[:] = [rename[n] for n in node.output]
-    rate_nodes, rate_inits = learning_rate_nodes(optimizer.learning_rate, T, R, names, dtype)
+    # R = (the number, or the schedule's value at T) * a stored scale of 1, which a
+    # running Session may change (Session.learning_rate_scale) without losing V, H and T.
+    unscaled, scale = names("R.unscaled"), names("R.scale")
+    rate_nodes, rate_inits = learning_rate_nodes(optimizer.learning_rate, T, unscaled, names, dtype)
+    rate_nodes.append(helper.make_node("Mul", [unscaled, scale], [R], name=names("R.scaled")))
     nodes += [*rate_nodes, node]
     one, T_next = names("T.one"), names("T.next")
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
 
     state = optimizer.init({n: jax.numpy.asarray(v) for n, v in params.items()})
-    stored = [numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T)]
+    stored = [
+        numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
+        numpy_helper.from_array(np.asarray(1, dtype), scale),
+    ]
     for field in operator.fields:
         tree = getattr(state, field)
         if isinstance(tree, PackedTree):

@@ -71,12 +71,8 @@ class LearningRate(NamedTuple):
     counts: bool  # whether a step adds one to T (T is bound); else T stays
 
 
-def learning_rate(model: onnx.ModelProto) -> tuple[LearningRate | None, str]:
-    """R of the model's optimizer node as a function of its T, or None and why not.
-
-    R is computed as the algorithm graph computes it (a schedule's nodes
-    reading T, or a number), from T and constants only.
-    """
+def optimizer_of(model: onnx.ModelProto) -> tuple[tuple[int, onnx.NodeProto] | None, str]:
+    """The model's one optimizer node (with R and T inputs) and its entry; or None and why not."""
     found = [
         (index, node)
         for index, info in enumerate(model.training_info)
@@ -87,15 +83,52 @@ def learning_rate(model: onnx.ModelProto) -> tuple[LearningRate | None, str]:
         return None, "the model has no Adagrad, Adam or Momentum node"
     if len({(i, tuple(n.input[:2])) for i, n in found}) > 1:
         return None, "the model has several optimizer nodes"
-    index, optimizer = found[0]
-    if len(optimizer.input) < 2:
+    if len(found[0][1].input) < 2:
         return None, "its optimizer node has no R and T inputs"
+    return found[0], ""
+
+
+def learning_rate(model: onnx.ModelProto) -> tuple[LearningRate | None, str]:
+    """R of the model's optimizer node as a function of its T, or None and why not.
+
+    R is computed as the algorithm graph computes it (a schedule's nodes
+    reading T, or a number, times a learning-rate scale if any), from T and
+    constants only.
+    """
+    found, why = optimizer_of(model)
+    if found is None:
+        return None, why
+    index, optimizer = found
     rate_name, count_name = optimizer.input[0], optimizer.input[1]
-    algorithm = model.training_info[index].algorithm
     main = {i.name: i for i in model.graph.initializer}
-    bound = set(mutable(model))
     if count_name not in main:
         return None, f"T ('{count_name}') is not an initializer"
+    count = numpy_helper.to_array(main[count_name])
+    if count.size != 1:
+        return None, f"T ('{count_name}') is not a scalar"
+    function, why = rate_function(model, index, rate_name, count_name)
+    if function is None:
+        return None, why
+    rate = function
+    counts = count_name in mutable(model)
+    return LearningRate(lambda t: _number(rate(t)), int(count.reshape(-1)[0]), counts), ""
+
+
+def rate_function(
+    model: onnx.ModelProto, index: int, rate_name: str, count_name: str
+) -> tuple[Callable[[int], np.ndarray] | None, str]:
+    """Tensor ``rate_name`` of entry ``index``'s algorithm as a function of T, or None and why.
+
+    Computed as the algorithm computes it, from T (the initializer
+    ``count_name``, whose type alone is read: a session's model holds no data
+    for it) and constants: the algorithm's initializers and the graph's that no
+    binding writes.
+    """
+    algorithm = model.training_info[index].algorithm
+    main = {i.name: i for i in model.graph.initializer}
+    if count_name not in main:
+        return None, f"T ('{count_name}') is not an initializer"
+    bound = set(mutable(model))
     constants = {i.name: i for i in algorithm.initializer}
     constants.update({n: i for n, i in main.items() if n not in bound})
     producer = {name: node for node in algorithm.node for name in node.output if name}
@@ -120,32 +153,28 @@ def learning_rate(model: onnx.ModelProto) -> tuple[LearningRate | None, str]:
             read[name] = constants[name]
         elif name != count_name:
             return None, f"R ('{rate_name}') depends on '{name}', which is neither T nor a constant"
-    count_tensor = main[count_name]
-    count = numpy_helper.to_array(count_tensor)
-    if count.size != 1:
-        return None, f"T ('{count_name}') is not a scalar"
     if rate_name in read and not needed:  # a number
-        value = _number(numpy_helper.to_array(read[rate_name]))
-        rate: Callable[[int], float] = lambda t: value  # noqa: E731
-    else:
-        graph = helper.make_graph(
-            [n for n in algorithm.node if id(n) in needed],
-            "learning_rate",
-            [value_info(count_name, count_tensor.data_type, [])],
-            [],
-            initializer=list(read.values()),
-        )
-        try:
-            function = GraphFunction(graph, outputs=[rate_name], opsets=opsets(model))
-        except (TypeError, ValueError, NotImplementedError) as error:
-            return None, f"R cannot be computed alone: {error}"
-        dtype = count.dtype
+        value = numpy_helper.to_array(read[rate_name])
+        return lambda t: value, ""
+    count_type = main[count_name].data_type
+    graph = helper.make_graph(
+        [n for n in algorithm.node if id(n) in needed],
+        "learning_rate",
+        [value_info(count_name, count_type, [])],
+        [],
+        initializer=list(read.values()),
+    )
+    try:
+        function = GraphFunction(graph, outputs=[rate_name], opsets=opsets(model))
+    except (TypeError, ValueError, NotImplementedError) as error:
+        return None, f"R cannot be computed alone: {error}"
+    dtype = helper.tensor_dtype_to_np_dtype(count_type)
 
-        def rate(t: int) -> float:
-            (value,) = function({count_name: np.asarray(t, dtype)})
-            return _number(value)
+    def rate(t: int) -> np.ndarray:
+        (value,) = function({count_name: np.asarray(t, dtype)})
+        return np.asarray(value)
 
-    return LearningRate(rate, int(count.reshape(-1)[0]), count_name in bound), ""
+    return rate, ""
 
 
 # ----------------------------------------------------------------------------- class scores

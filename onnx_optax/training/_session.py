@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -13,12 +13,15 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
+from onnx_optax._src import checks
 from onnx_optax._src.graph import GraphFunction, to_jax
+from onnx_optax._src.onnx_graph import rate_scale
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
+from onnx_optax.training._metrics import optimizer_of, rate_function
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
@@ -54,6 +57,14 @@ class Session:
     ``jax.make_array_from_process_local_data`` from that process's rows (a
     ``NamedSharding`` over the same devices splitting axis 0). This is how JAX
     runs any jitted function on several hosts; it is not tested here.
+
+    The learning rate changes between steps as onnxruntime-training's
+    ``optimizer.set_learning_rate`` does, keeping V, H and T: :attr:`attach`
+    writes R as the learning rate (or the schedule's value at T) times an
+    initializer ``R.scale`` holding 1, which :attr:`learning_rate_scale` and
+    :meth:`set_learning_rate` set. The scale is an argument of the compiled
+    step, so the next step uses it without a new compilation, and
+    :meth:`save` and :meth:`to_model` write it, so a resumed session keeps it.
     """
 
     def __init__(self, model: Any, *, devices: Sequence[jax.Device] | None = None) -> None:
@@ -107,6 +118,7 @@ class Session:
         self._checked: set[Any] = set()  # the feed signatures whose updates were checked
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
+        self._rate = _Rate(self._model)
 
     def _put(self, values: Any, *, split: bool) -> Any:
         """``values`` on the session's devices: split along axis 0, or replicated."""
@@ -130,6 +142,110 @@ class Session:
         Those a binding updates change with each step; the others are as stored.
         """
         return {n: self._current(n) if n in self._state else self._fixed[n] for n in self._order}
+
+    # -- the learning rate
+
+    @property
+    def learning_rate(self) -> float | None:
+        """R of the next step: computed as the model computes it, at the current T.
+
+        None when R is not computed from T and constants alone (it is fed, or
+        the model has several optimizer nodes).
+        """
+        rate = self._rate
+        if rate.unscaled is None:
+            return None
+        value = rate.unscaled(self._count())
+        if rate.scale:
+            value = value * self._fixed[rate.scale]
+        return float(value)
+
+    @property
+    def learning_rate_scale(self) -> float | None:
+        """The factor on R stored in the model: ``R = (learning rate at T) * scale``.
+
+        ``attach`` stores 1. Setting it (a finite number >= 0) multiplies R
+        from the next step on (with a schedule, every later value of it) and
+        keeps the parameters, V, H and T; the step is not compiled again, and
+        :meth:`save` and :meth:`to_model` keep the value. None for a model
+        without a scale (attached by an earlier onnx_optax, or made by another
+        tool): setting it then raises ValueError saying why.
+        """
+        if not self._rate.scale:
+            return None
+        return float(self._fixed[self._rate.scale])
+
+    @learning_rate_scale.setter
+    def learning_rate_scale(self, value: float) -> None:
+        where = "Session.learning_rate_scale"
+        name = self._scale_name(where)
+        number = checks.stored_number(where, "the scale", value)
+        if number < 0:
+            raise ValueError(f"{where}: the scale must be >= 0, got {number}")
+        self._set_scale(where, np.asarray(number, self._fixed[name].dtype))
+
+    def set_learning_rate(self, value: float) -> None:
+        """Sets the scale so that R of the next step (at the current T) is ``value``.
+
+        As onnxruntime-training's ``optimizer.set_learning_rate``: parameters,
+        V, H and T are kept, and nothing is compiled again. With a schedule,
+        the whole rest of the schedule is scaled by the same factor (R keeps
+        following its shape); :attr:`learning_rate_scale` says by how much.
+        ``value`` is rounded to R's dtype, and the scale is chosen so that R
+        equals that number exactly where one exists.
+
+        Raises:
+          ValueError: the model has no learning-rate scale (see
+            :attr:`learning_rate_scale`), R at this T is 0 before the scale
+            (a warmup's start: no scale reaches ``value``), or ``value`` is
+            not a finite number >= 0.
+        """
+        where = "Session.set_learning_rate"
+        name = self._scale_name(where)
+        rate = self._rate
+        if rate.unscaled is None:
+            raise ValueError(f"{where}: {rate.why}")
+        number = checks.stored_number(where, "the learning rate", value)
+        if number < 0:
+            raise ValueError(f"{where}: the learning rate must be >= 0, got {number}")
+        dtype = self._fixed[name].dtype
+        count = self._count()
+        unscaled = np.asarray(rate.unscaled(count), dtype)
+        want = np.asarray(number, dtype)
+        if unscaled == 0 or not np.isfinite(unscaled):
+            raise ValueError(
+                f"{where}: R before the scale is {unscaled} at T = {count} (the schedule's "
+                f"value there), which no scale turns into {number}; set learning_rate_scale "
+                "instead"
+            )
+        scale = np.asarray(number / float(unscaled), dtype)
+        for candidate in (scale, *_neighbours(scale)):
+            if unscaled * candidate == want:
+                scale = candidate
+                break
+        self._set_scale(where, scale)
+
+    def _count(self) -> int:
+        name = self._rate.count
+        return int(self._current(name) if name in self._state else self._fixed[name])
+
+    def _scale_name(self, where: str) -> str:
+        if not self._rate.scale:
+            raise ValueError(f"{where}: {self._rate.why}")
+        return self._rate.scale
+
+    def _set_scale(self, where: str, scale: np.ndarray) -> None:
+        """Writes ``scale`` where the steps and :meth:`save` read it (no recompilation)."""
+        if not np.isfinite(scale) or scale < 0:
+            raise ValueError(f"{where}: the scale would be {scale}, which is not finite and >= 0")
+        name = self._rate.scale
+        self._fixed[name] = scale
+        for constants in self._constants:
+            if name in constants:
+                constants[name] = self._put(to_jax(f"initializer '{name}'", scale), split=False)
+        for init in self._model.graph.initializer:
+            if init.name == name:
+                init.CopyFrom(numpy_helper.from_array(scale, name))
 
     def initialize(self) -> None:
         """Runs each entry's initialization graph and applies its ``initialization_binding``."""
@@ -332,3 +448,51 @@ class Session:
                 model.metadata_props.add(key=str(key), value=str(value))
         arrays = {n: functools.partial(self._current, n) for n in self._state}
         save_model(model, path, external_data, arrays)
+
+
+def _neighbours(value: np.ndarray) -> list[np.ndarray]:
+    """The numbers of ``value``'s dtype just above and below it (none for dtypes numpy lacks)."""
+    try:
+        return [np.nextafter(value, limit, dtype=value.dtype) for limit in (np.inf, -np.inf)]
+    except TypeError:
+        return []
+
+
+class _Rate:
+    """Where a session's R comes from: its scale, and R before the scale as a function of T."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self.scale = ""  # the scale initializer's name; "" when there is none
+        self.count = ""  # T's name
+        self._base: tuple[int, str] | None = None  # the entry and R before the scale
+        found, why = optimizer_of(model)
+        if found is None:
+            self.why = f"the learning rate cannot be changed: {why}"
+            return
+        index, node = found
+        rate, self.count = node.input[0], node.input[1]
+        scaled = rate_scale(model, model.training_info[index].algorithm, rate)
+        if scaled is None:
+            self._base = index, rate
+            self.why = (
+                f"the model stores no learning-rate scale: R ('{rate}') of its optimizer node "
+                "is not the product of a value and a scalar initializer that only it reads "
+                "(attach writes one, 'R.scale'; this model was attached by an earlier "
+                "onnx_optax or made by another tool). Attach its inference model again to "
+                "get one"
+            )
+        else:
+            self._base = index, scaled[0]
+            self.scale, self.why = scaled[1], ""
+
+    @functools.cached_property
+    def unscaled(self) -> Callable[[int], np.ndarray] | None:
+        """R before the scale (R itself without one) as a function of T; None when it is not
+        computed from T and constants (``why`` then says why)."""
+        if self._base is None:
+            return None
+        function, why = rate_function(self._model, self._base[0], self._base[1], self.count)
+        if function is None:
+            self.why = f"R cannot be computed: {why}"
+        return function
