@@ -364,7 +364,7 @@ def test_attach_list_prints_the_plan_and_several_outputs_need_a_name(
     capsys.readouterr()
     # In process (cli.main): --list alone prints the plan and writes nothing.
     assert cli.main(["attach", str(tmp_path / "two.onnx"), "--list"]) == 2
-    assert "pass output= to say which one" in capsys.readouterr().err
+    assert "pass --output-name to say which one" in capsys.readouterr().err
     assert (
         cli.main(["attach", str(tmp_path / "two.onnx"), "--list", "--output-name", "scaled"]) == 0
     )

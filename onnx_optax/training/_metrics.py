@@ -58,7 +58,7 @@ def loss_output(model: onnx.ModelProto, reported: Sequence[str]) -> str | None:
 # ----------------------------------------------------------------------------- R from T
 
 
-def _number(value: Any) -> float:
+def shortest_float(value: Any) -> float:
     """The one element of ``value`` as its dtype's shortest repr reads (0.05, not 0.0500000007)."""
     return float(str(np.asarray(value).reshape(-1)[0]))
 
@@ -111,7 +111,7 @@ def learning_rate(model: onnx.ModelProto) -> tuple[LearningRate | None, str]:
         return None, why
     rate = function
     counts = count_name in mutable(model)
-    return LearningRate(lambda t: _number(rate(t)), int(count.reshape(-1)[0]), counts), ""
+    return LearningRate(lambda t: shortest_float(rate(t)), int(count.reshape(-1)[0]), counts), ""
 
 
 def rate_function(

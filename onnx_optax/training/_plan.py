@@ -592,8 +592,11 @@ def plan(
     return make_plan(loaded, loss_output(loaded, output), trainable, frozen, lift_constants)
 
 
-def loss_output(model: onnx.ModelProto, output: str | None) -> str:
-    """The graph output the loss reads: ``output``, or the only one."""
+def loss_output(model: onnx.ModelProto, output: str | None, option: str = "output=") -> str:
+    """The graph output the loss reads: ``output``, or the only one.
+
+    ``option`` is how a refusal tells the caller to name the output.
+    """
     graph = model.graph
     names = [o.name for o in graph.output]
     if not names:
@@ -603,7 +606,7 @@ def loss_output(model: onnx.ModelProto, output: str | None) -> str:
             return names[0]
         listed = ", ".join(f"'{o.name}' {_shape_text(o)}" for o in graph.output)
         raise ValueError(
-            f"the model has {len(names)} outputs ({listed}); pass output= to say which one "
+            f"the model has {len(names)} outputs ({listed}); pass {option} to say which one "
             "the loss reads"
         )
     if output not in names:

@@ -21,7 +21,7 @@ from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
-from onnx_optax.training._metrics import optimizer_of, rate_function
+from onnx_optax.training._metrics import optimizer_of, rate_function, shortest_float
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
@@ -149,8 +149,9 @@ class Session:
     def learning_rate(self) -> float | None:
         """R of the next step: computed as the model computes it, at the current T.
 
-        None when R is not computed from T and constants alone (it is fed, or
-        the model has several optimizer nodes).
+        The shortest number that reads back as R in R's dtype (0.01, not
+        0.009999999776). None when R is not computed from T and constants
+        alone (it is fed, or the model has several optimizer nodes).
         """
         rate = self._rate
         if rate.unscaled is None:
@@ -158,7 +159,7 @@ class Session:
         value = rate.unscaled(self._count())
         if rate.scale:
             value = value * self._fixed[rate.scale]
-        return float(value)
+        return shortest_float(value)
 
     @property
     def learning_rate_scale(self) -> float | None:
