@@ -20,7 +20,9 @@
   state donated, on one device or split over several (``devices=``);
   :meth:`Session.evaluate` computes the loss without a step,
   :meth:`Session.to_model` and :meth:`Session.save` write the trained model
-  back, :meth:`Session.to_inference_model` only what inference reads.
+  back, :meth:`Session.to_inference_model` only what inference reads, and
+  :meth:`Session.set_learning_rate` (or :attr:`Session.learning_rate_scale`)
+  changes R between steps, keeping V, H and T.
 
 State (parameters, V, H, T) lives in initializers, so ``Session(session.to_model())``
 continues bit-identically.

@@ -41,7 +41,7 @@ class Session:
     :func:`check` and raises :class:`TrainingModelError` listing the problems.
 
     Args:
-      model: an ``onnx.ModelProto`` or the path of a model file; a file's
+      model: an ``onnx.ModelProto``, its bytes or the path of a model file; a file's
         external data is read from inside its folder only (see :func:`load`).
       devices: None (JAX's default device) or a list of JAX devices, such as
         ``jax.devices()``. Each feed of rank 1 or more is then split along its
@@ -67,7 +67,12 @@ class Session:
     :meth:`save` and :meth:`to_model` write it, so a resumed session keeps it.
     """
 
-    def __init__(self, model: Any, *, devices: Sequence[jax.Device] | None = None) -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto | bytes | str | os.PathLike[str],
+        *,
+        devices: Sequence[jax.Device] | None = None,
+    ) -> None:
         self._replicated: NamedSharding | None = None
         self._split: NamedSharding | None = None
         if devices is not None:
