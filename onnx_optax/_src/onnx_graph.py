@@ -189,6 +189,8 @@ def rate_scale(model: Any, algorithm: Any, rate: str) -> tuple[str, str] | None:
     value multiplies R and changes nothing else. ``attach`` writes one, named
     ``<R>.scale`` and holding 1; ``Session.learning_rate_scale`` sets it.
     """
+    if not rate:
+        return None
     producer = next((n for n in algorithm.node if rate in n.output), None)
     if producer is None or producer.domain not in STANDARD_DOMAINS:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -15,13 +15,12 @@ from onnx import numpy_helper
 
 from onnx_optax._src import checks
 from onnx_optax._src.graph import GraphFunction, to_jax
-from onnx_optax._src.onnx_graph import rate_scale
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
-from onnx_optax.training._metrics import optimizer_of, rate_function, shortest_float
+from onnx_optax.training._metrics import shortest_float
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
@@ -31,6 +30,7 @@ from onnx_optax.training._model import (
     opsets,
     read_initializers,
 )
+from onnx_optax.training._rate import Rate, scale_reaching
 
 
 class Session:
@@ -123,7 +123,7 @@ class Session:
         self._checked: set[Any] = set()  # the feed signatures whose updates were checked
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
-        self._rate = _Rate(self._model)
+        self._rate = Rate(self._model)
 
     def _put(self, values: Any, *, split: bool) -> Any:
         """``values`` on the session's devices: split along axis 0, or replicated."""
@@ -214,22 +214,15 @@ class Session:
         number = checks.stored_number(where, "the learning rate", value)
         if number < 0:
             raise ValueError(f"{where}: the learning rate must be >= 0, got {number}")
-        dtype = self._fixed[name].dtype
         count = self._count()
-        unscaled = np.asarray(rate.unscaled(count), dtype)
-        want = np.asarray(number, dtype)
+        unscaled = np.asarray(rate.unscaled(count), self._fixed[name].dtype)
         if unscaled == 0 or not np.isfinite(unscaled):
             raise ValueError(
                 f"{where}: R before the scale is {unscaled} at T = {count} (the schedule's "
                 f"value there), which no scale turns into {number}; set learning_rate_scale "
                 "instead"
             )
-        scale = np.asarray(number / float(unscaled), dtype)
-        for candidate in (scale, *_neighbours(scale)):
-            if unscaled * candidate == want:
-                scale = candidate
-                break
-        self._set_scale(where, scale)
+        self._set_scale(where, scale_reaching(unscaled, number))
 
     def _count(self) -> int:
         name = self._rate.count
@@ -454,51 +447,3 @@ class Session:
                 model.metadata_props.add(key=str(key), value=str(value))
         arrays = {n: functools.partial(self._current, n) for n in self._state}
         save_model(model, path, external_data, arrays)
-
-
-def _neighbours(value: np.ndarray) -> list[np.ndarray]:
-    """The numbers of ``value``'s dtype just above and below it (none for dtypes numpy lacks)."""
-    try:
-        return [np.nextafter(value, limit, dtype=value.dtype) for limit in (np.inf, -np.inf)]
-    except TypeError:
-        return []
-
-
-class _Rate:
-    """Where a session's R comes from: its scale, and R before the scale as a function of T."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self._model = model
-        self.scale = ""  # the scale initializer's name; "" when there is none
-        self.count = ""  # T's name
-        self._base: tuple[int, str] | None = None  # the entry and R before the scale
-        found, why = optimizer_of(model)
-        if found is None:
-            self.why = f"the learning rate cannot be changed: {why}"
-            return
-        index, node = found
-        rate, self.count = node.input[0], node.input[1]
-        scaled = rate_scale(model, model.training_info[index].algorithm, rate)
-        if scaled is None:
-            self._base = index, rate
-            self.why = (
-                f"the model stores no learning-rate scale: R ('{rate}') of its optimizer node "
-                "is not the product of a value and a scalar initializer that only it reads "
-                "(attach writes one, 'R.scale'; this model was attached by an earlier "
-                "onnx_optax or made by another tool). Attach its inference model again to "
-                "get one"
-            )
-        else:
-            self._base = index, scaled[0]
-            self.scale, self.why = scaled[1], ""
-
-    @functools.cached_property
-    def unscaled(self) -> Callable[[int], np.ndarray] | None:
-        """R before the scale (R itself without one) as a function of T; None when it is not
-        computed from T and constants (``why`` then says why)."""
-        if self._base is None:
-            return None
-        function, why = rate_function(self._model, self._base[0], self._base[1], self.count)
-        if function is None:
-            self.why = f"R cannot be computed: {why}"
-        return function
