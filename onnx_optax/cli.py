@@ -196,7 +196,7 @@ def _literal(node: ast.expr, spec: str) -> object:
     """A number, True, False or None written in ``spec``: read, never evaluated."""
     try:
         value = ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # {[1]}: TypeError
         value = None
         bad = True
     else:
@@ -221,7 +221,7 @@ def _schedule(spec: str, learning_rate: float | None) -> tuple[object, str, floa
     names = ", ".join(SCHEDULES)
     try:
         call = ast.parse(spec.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # ValueError: a NUL byte
         call = None
     if isinstance(call, ast.Name):
         call = ast.Call(func=call, args=[], keywords=[])

@@ -279,6 +279,11 @@ def test_schedule_spec_errors_are_usage_errors(
         "constant(value='0.1')": "\"'0.1'\" is not a number",
         "linear(1, 0, 2.5)": "transition_steps must be an integer",
         "cosine_decay(decay_steps=0)": "decay_steps must be in [1, ",
+        "linear(1, 0, {[1]})": "'{[1]}' is not a number",
+        "linear(1, 0, 2**10)": "'2 ** 10' is not a number",
+        "linear(1,": "--schedule takes NAME or NAME(ARGUMENT=VALUE, ...)",
+        "constant(0.1)\x00": "--schedule takes NAME or NAME(ARGUMENT=VALUE, ...)",
+        "constant(1e999)": "value must be finite, got inf",
     }
     for spec, message in cases.items():
         (line,) = _refused(tmp_path, capsys, *base, spec)
@@ -325,6 +330,15 @@ def test_each_optimizers_options_reach_its_node(tmp_path: pathlib.Path) -> None:
         for name, value in expected.items():
             want = value if isinstance(value, bytes) else pytest.approx(value, rel=1e-7)
             assert found[name] == want, (optimizer, name)
+
+
+def test_the_cli_defaults_are_the_factories() -> None:
+    import inspect
+
+    for optimizer in ("adagrad", "adam"):
+        parameters = inspect.signature(getattr(onnx_optax, optimizer)).parameters
+        for name, value in cli.HYPERPARAMETERS[optimizer].items():
+            assert parameters[name].default == value, (optimizer, name)
 
 
 def test_inapplicable_options_are_refused_naming_them(
