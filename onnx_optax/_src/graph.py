@@ -144,6 +144,7 @@ class _StandardStep(_Step):
             where=self.where,
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
+            inputs=self.inputs,
         )
         if op.check is not None:
             try:
