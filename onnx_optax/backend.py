@@ -45,7 +45,13 @@ except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
 from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
-from onnx_optax._src.load import DEFAULT_LIMITS, Limits, check_node_text, load_model
+from onnx_optax._src.load import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_node_text,
+    check_node_width,
+    load_model,
+)
 from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
 
 __all__ = [
@@ -173,6 +179,7 @@ class OnnxOptaxBackend(Backend):
         if not isinstance(node, onnx.NodeProto):
             raise TypeError(f"run_node needs an onnx.NodeProto, got {type(node).__name__}")
         check_node_text(node, "run_node: the node")
+        check_node_width(node, "run_node: the node")
         names = [name for name in dict.fromkeys(node.input) if name]
         if isinstance(inputs, dict):
             inputs = [inputs[name] for name in names]

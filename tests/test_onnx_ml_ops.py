@@ -446,7 +446,9 @@ def test_float16_features_are_refused_by_node() -> None:
     model = node_model(
         ml_node("Normalizer", ["X"], ["Y"]), [("X", TensorProto.FLOAT16)], [("Y", F32)]
     )
-    with pytest.raises(TypeError, match=r"node 'n' .*input X has dtype float16; it must be one of"):
+    with pytest.raises(
+        TypeError, match=r"node 'n' .*input 'X' has dtype float16; it must be one of"
+    ):
         backend.prepare(model).run({"X": np.ones((2, 2), np.float16)})
 
 

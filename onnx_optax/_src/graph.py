@@ -54,12 +54,16 @@ from onnx_optax._src.ops import (
     REGISTRY,
     STANDARD_DOMAINS,
     Node,
+    RunChecks,
     check_omitted_inputs,
     check_size,
+    collect_run_checks,
     domain_of,
     find_op,
     is_static,
+    raise_failed,
     read_attributes,
+    record_run_checks,
 )
 
 GRADIENT = "Gradient"
@@ -144,6 +148,7 @@ class _StandardStep(_Step):
             where=self.where,
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
+            inputs=self.inputs,
         )
         if op.check is not None:
             try:
@@ -303,18 +308,20 @@ class _GradientStep(_Step):
         zs_values = values[nx:]
         base = dict(env)
 
-        def f(*xs: jax.Array) -> jax.Array:
+        def f(*xs: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
             local = dict(base)
             local.update(zip(self.xs, xs, strict=True))
             local.update(zip(self.zs, zs_values, strict=True))
-            for step in self.order:
-                step.run(local)
+            with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
+                for step in self.order:
+                    step.run(local)
             y = to_jax(f"{self.where}: y '{self.y}'", materialize(local[self.y]))
             if not jnp.issubdtype(y.dtype, jnp.inexact):
                 raise TypeError(f"{self.where}: y '{self.y}' has dtype {y.dtype}; it must be float")
-            return y
+            return y, checks
 
-        y, pullback = jax.vjp(f, *xs_values)
+        y, pullback, checks = jax.vjp(f, *xs_values, has_aux=True)
+        record_run_checks(checks)
         grads = pullback(jnp.ones_like(y))
         for name, grad in zip(self.outputs, grads, strict=False):
             if name:
@@ -649,12 +656,24 @@ class GraphFunction:
         """The graph's outputs from its inputs (a pure function: jit it, differentiate it).
 
         ``params`` replaces float initializers by name (default: the model's values).
+        Conditions only known at run time (an index read from a feed) are checked
+        when the values are known (run eagerly), else dropped: :meth:`apply_checked`
+        returns them.
         """
+        return self.apply_checked(inputs, params)[0]
+
+    def apply_checked(
+        self, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+    ) -> tuple[tuple[Any, ...], RunChecks]:
+        """:meth:`apply`, and the run-time checks of its ops; after the run,
+        :func:`raise_failed` raises the first that failed, naming its node."""
         env: Env = dict(self.static)
         env.update(self.params)
         env.update(params or {})
         env.update(inputs)
-        return tuple(materialize(value) for value in self._evaluate(env))
+        with collect_run_checks() as checks:
+            outputs = tuple(materialize(value) for value in self._evaluate(env))
+        return outputs, RunChecks.of(checks)
 
     def _evaluate(self, env: Env) -> tuple[Any, ...]:
         """Runs the nodes on ``env``; the outputs, Parts of packed buffers left as they are."""
@@ -711,7 +730,7 @@ class GraphFunction:
             arguments = jax.device_put(arguments, device)
         compiled, out_layout = self._compiled(fixed, layout)
         try:
-            out_buffers, out_own = compiled(*arguments)
+            out_buffers, out_own, checks = compiled(*arguments)
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -720,6 +739,7 @@ class GraphFunction:
                 f"memory ({str(error).splitlines()[0]}); feed smaller inputs, or lower "
                 "limits=Limits(tensor_bytes=...) to have the node that grows so large named"
             ) from None
+        raise_failed(checks)
         results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
         results.update((name, np.asarray(value)) for name, value in out_own.items())
         return [
@@ -748,17 +768,18 @@ class GraphFunction:
 
             def run(
                 buffers: list[Any], own: dict[str, Any], p_buffers: list[Any], p_own: dict[str, Any]
-            ) -> tuple[list[Any], dict[str, Any]]:
+            ) -> tuple[list[Any], dict[str, Any], RunChecks]:
                 env: Env = dict(self.static)
                 env.update(unpack(p_layout, p_buffers))
                 env.update(p_own)
                 env.update(unpack(layout, buffers))
                 env.update(own)
                 env.update(fixed)
-                values = self._evaluate(env)
+                with collect_run_checks() as checks:
+                    values = self._evaluate(env)
                 packed, out_buffers, out_own = outputs_of(values, self.output_names)
                 out_layout[:] = [packed]
-                return out_buffers, out_own
+                return out_buffers, out_own, RunChecks.of(checks)
 
             self._compilations[key] = (jax.jit(run), out_layout)
         return self._compilations[key]

@@ -17,7 +17,7 @@ from onnx import helper
 from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax._src.onnx_nodes import describe
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops import STANDARD_DOMAINS
+from onnx_optax._src.ops import STANDARD_DOMAINS, RunChecks
 from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._model import declared, opsets, value_info
 
@@ -88,22 +88,36 @@ class Entry:
         self._opsets = opsets(model)
         self._scores: GraphFunction | None = None
 
+        def checked_step(
+            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
+        ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], RunChecks]:
+            """The unbound outputs, the new state and the run-time checks (raise_failed)."""
+            outputs, checks = self.function.apply_checked({**feeds, **state}, constants)
+            values = dict(zip(self.outputs, outputs, strict=True))
+            new = {k: values[self.binding[k]] if k in self.binding else v for k, v in state.items()}
+            return {n: values[n] for n in self.reported}, new, checks
+
         def step(
             state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
         ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-            values = dict(
-                zip(self.outputs, self.function.apply({**feeds, **state}, constants), strict=True)
-            )
-            new = {k: values[self.binding[k]] if k in self.binding else v for k, v in state.items()}
-            return {n: values[n] for n in self.reported}, new
+            return checked_step(state, feeds, constants)[:2]
 
         def evaluate(
             state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
-        ) -> dict[str, jax.Array]:
-            return step(state, feeds, constants)[0]
+        ) -> tuple[dict[str, jax.Array], RunChecks]:
+            reported, _, checks = checked_step(state, feeds, constants)
+            return reported, checks
 
-        self.step = step
+        def checks(
+            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
+        ) -> RunChecks:
+            return checked_step(state, feeds, constants)[2]
+
+        self.checked_step = checked_step  # traced once per signature (eval_shape)
+        self.step = step  # jitted with the state donated: its checks run before it
         self.evaluate = evaluate  # the unbound outputs alone: XLA drops the update
+        # The run-time checks alone: XLA keeps only what they read (class labels, indices).
+        self.checks = checks
 
     def check_feeds(self, inputs: Mapping[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
         """The feeds of a step, checked (see :func:`check_feeds`), as JAX arrays."""

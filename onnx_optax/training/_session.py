@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from onnx_optax._src import checks
 from onnx_optax._src.graph import GraphFunction, to_jax
 from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.ops import raise_failed
 from onnx_optax.training._check import check
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
@@ -120,7 +121,9 @@ class Session:
         )
         self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
         self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
-        self._checked: set[Any] = set()  # the feed signatures whose updates were checked
+        self._run_checks = [jax.jit(e.checks, **shard) for e in self._entries]
+        # The feed signatures whose updates were checked: whether their ops check at run time.
+        self._checked: dict[Any, bool] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
         self._rate = Rate(self._model)
@@ -303,10 +306,10 @@ class Session:
         inputs = self._from_python(inputs)
         all_feeds = self._all_feeds(inputs)
         for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
-            key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
+            key = self._signature(entry, feeds)
             if step and key not in self._checked:
                 state = {n: abstract(v) for n, v in self._state.items()}
-                _, new = jax.eval_shape(entry.step, state, feeds, constants)
+                _, new, checks = jax.eval_shape(entry.checked_step, state, feeds, constants)
                 for n, spec in new.items():
                     if spec.shape != state[n].shape or spec.dtype != state[n].dtype:
                         raise ValueError(
@@ -314,7 +317,7 @@ class Session:
                             f"{list(spec.shape)} for these feeds; the initializer is "
                             f"{state[n].dtype}{list(state[n].shape)}"
                         )
-                self._checked.add(key)
+                self._checked[key] = len(checks) > 0
             if entry.targets:
                 if key not in self._classes:
                     state = {n: abstract(v) for n, v in self._state.items()}
@@ -322,19 +325,29 @@ class Session:
                 entry.check_targets(inputs, self._classes[key])
         return all_feeds
 
+    @staticmethod
+    def _signature(entry: Entry, feeds: Mapping[str, Any]) -> Any:
+        return (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
+
     def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One step of every entry in order; returns the algorithms' unbound outputs.
 
         Feeds are checked first (names, dtypes, declared shapes, class labels
         within the classes of a ``SoftmaxCrossEntropyLoss`` or
         ``NegativeLogLikelihoodLoss`` that reads them, and with several devices
-        that they divide the batch), so a step that fails leaves
-        :attr:`initializers` unchanged.
+        that they divide the batch), then what only the run knows (an index
+        or a label the graph computes, outside its axis or classes), so a step
+        that fails leaves :attr:`initializers` unchanged.
         """
         all_feeds = self._checked_feeds(inputs, step=True)
         outputs: dict[str, np.ndarray] = {}
-        for jitted, feeds, constants in zip(self._steps, all_feeds, self._constants, strict=True):
-            reported, self._state = jitted(self._state, feeds, constants)
+        for index, (entry, feeds) in enumerate(zip(self._entries, all_feeds, strict=True)):
+            constants = self._constants[index]
+            if self._checked[self._signature(entry, feeds)]:
+                # Indices and labels only known now, checked before the step (state donated):
+                # a small program of what the checks read; a failure changes nothing.
+                raise_failed(self._run_checks[index](self._state, feeds, constants))
+            reported, self._state = self._steps[index](self._state, feeds, constants)
             outputs.update({n: np.asarray(v) for n, v in reported.items()})
         return outputs
 
@@ -351,9 +364,9 @@ class Session:
         for evaluation, feeds, constants in zip(
             self._evaluations, all_feeds, self._constants, strict=True
         ):
-            outputs.update(
-                {n: np.asarray(v) for n, v in evaluation(self._state, feeds, constants).items()}
-            )
+            reported, checks = evaluation(self._state, feeds, constants)
+            raise_failed(checks)
+            outputs.update({n: np.asarray(v) for n, v in reported.items()})
         return outputs
 
     def run(

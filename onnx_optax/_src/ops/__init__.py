@@ -15,7 +15,8 @@ imports every family, so whoever reads the registry sees them all.
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 
 and beside them ``arrays`` (the helpers several families share: static or
-traced values, dtypes, axes, the size limit) and ``attributes`` (a node's
+traced values, dtypes, axes, the size limit, indices checked while tracing or
+after the run) and ``attributes`` (a node's
 attributes read against its ONNX schema). To add an op: a function in its
 family's module, registered there; a new family (control flow, recurrent,
 quantization) is a new module here, imported below.
@@ -29,7 +30,14 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     reductions,
     shape,
 )
-from onnx_optax._src.ops.arrays import check_size, is_static
+from onnx_optax._src.ops.arrays import (
+    RunChecks,
+    check_size,
+    collect_run_checks,
+    is_static,
+    raise_failed,
+    record_run_checks,
+)
 from onnx_optax._src.ops.attributes import check_omitted_inputs, read_attributes
 from onnx_optax._src.ops.ml import ADVICE, ML_DOMAIN
 from onnx_optax._src.ops.registry import (
@@ -50,10 +58,14 @@ __all__ = [
     "REGISTRY",
     "STANDARD_DOMAINS",
     "Node",
+    "RunChecks",
     "check_omitted_inputs",
     "check_size",
+    "collect_run_checks",
     "domain_of",
     "find_op",
     "is_static",
+    "raise_failed",
     "read_attributes",
+    "record_run_checks",
 ]

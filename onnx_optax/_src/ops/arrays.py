@@ -6,13 +6,24 @@ compute with numpy and return numpy (``_xp``), so shape arithmetic such as
 ``Shape -> Gather -> Concat -> Reshape`` folds while tracing and a whole graph
 compiles into one XLA computation. A helper used by one family alone lives in
 that family's module, not here.
+
+Sizes: every op that computes a new shape checks it with :func:`check_size`
+(or :func:`_broadcast_check`) against ``Node.max_bytes`` before numpy or XLA
+allocates it. Indices: :func:`_checked_indices` refuses an index outside its
+axis while tracing when it is static, and otherwise records a run-time check
+(:func:`check_at_run`): the graph collects those (:func:`collect_run_checks`),
+returns them beside its outputs (:class:`RunChecks`) and raises the first that
+failed after the run (:func:`raise_failed`), naming the node; nothing is
+clamped silently.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +78,8 @@ def _same_dtype(node: Node, *values: Any) -> None:
         )
 
 
-def _broadcast_check(node: Node, *values: Any) -> None:
+def _broadcast_check(node: Node, *values: Any) -> tuple[int, ...]:
+    """The shape the values broadcast to, its size checked (in the widest input dtype)."""
     given = [v for v in values if v is not None]
     try:
         shape = np.broadcast_shapes(*(np.shape(v) for v in given))
@@ -77,6 +89,7 @@ def _broadcast_check(node: Node, *values: Any) -> None:
     if given:
         widest = max((np.dtype(v.dtype) for v in given), key=lambda d: d.itemsize)
         check_size(node, shape, widest)
+    return tuple(shape)
 
 
 def check_size(node: Node, shape: Sequence[Any], dtype: Any, what: str = "output") -> None:
@@ -105,3 +118,133 @@ def _axes_of(node: Node, axes: Any) -> list[int] | None:
         return _ints(axes)
     value = node.get("axes")
     return None if value is None else [int(a) for a in value]
+
+
+# ----------------------------------------------------------------------------- indices
+
+
+class RunCheck(NamedTuple):
+    """A condition only known when the graph runs: whether it failed, and a value that did."""
+
+    failed: Any  # shape=(), bool
+    value: Any  # shape=(), the first offending value (for the message)
+
+
+# The run-time checks of the graph being traced, by message (None: nobody collects).
+_RUN_CHECKS: contextvars.ContextVar[dict[str, RunCheck] | None] = contextvars.ContextVar(
+    "run_checks", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_run_checks() -> Iterator[dict[str, RunCheck]]:
+    """Collects the run-time checks that the ops traced inside record, by message."""
+    checks: dict[str, RunCheck] = {}
+    token = _RUN_CHECKS.set(checks)
+    try:
+        yield checks
+    finally:
+        _RUN_CHECKS.reset(token)
+
+
+def record_run_checks(checks: Mapping[str, RunCheck]) -> None:
+    """Adds ``checks`` to those being collected (a message seen twice fails if either does)."""
+    collected = _RUN_CHECKS.get()
+    if collected is None:
+        return
+    for message, check in checks.items():
+        seen = collected.get(message)
+        if seen is not None:
+            check = RunCheck(
+                seen.failed | check.failed, jnp.where(seen.failed, seen.value, check.value)
+            )
+        collected[message] = check
+
+
+def check_at_run(message: str, bad: Any, values: Any) -> None:
+    """Raises ``message`` ('{}': the first offending value) where ``bad`` holds, once known.
+
+    ``bad`` and ``values`` are arrays of one shape. Known values (an eager run)
+    are checked now; traced ones are recorded for the graph, which returns them
+    beside its outputs and raises after the run (:func:`raise_failed`).
+    """
+    if not isinstance(bad, jax.core.Tracer):
+        found = np.asarray(values)[np.asarray(bad)]
+        if found.size:
+            raise ValueError(message.format(found.flat[0]))
+        return
+    flat = jnp.reshape(bad, -1)
+    first = jnp.argmax(flat)
+    record_run_checks({message: RunCheck(flat[first], jnp.reshape(values, -1)[first])})
+
+
+@jax.tree_util.register_pytree_node_class
+class RunChecks:
+    """The run-time checks of a traced graph, returned beside its outputs (a pytree).
+
+    One flag per message in one array (``failed``, shape=(n,), bool), so the host
+    reads them all in one transfer after the run; ``values`` holds the first
+    offending value of each, read only for the message of one that failed.
+    """
+
+    def __init__(self, messages: tuple[str, ...], failed: Any, values: tuple[Any, ...]) -> None:
+        self.messages = messages  # static: the pytree's structure
+        self.failed = failed
+        self.values = values
+
+    @classmethod
+    def of(cls, checks: Mapping[str, RunCheck]) -> RunChecks:
+        """The checks collected while tracing (:func:`collect_run_checks`), in their order."""
+        flags = [check.failed for check in checks.values()]
+        failed = jnp.stack(flags) if flags else np.zeros(0, bool)
+        return cls(tuple(checks), failed, tuple(check.value for check in checks.values()))
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def tree_flatten(self) -> tuple[tuple[Any, tuple[Any, ...]], tuple[str, ...]]:
+        return (self.failed, self.values), self.messages
+
+    @classmethod
+    def tree_unflatten(cls, messages: tuple[str, ...], children: Any) -> RunChecks:
+        return cls(messages, *children)
+
+
+def raise_failed(checks: RunChecks) -> None:
+    """After a run, on the host: the first check that failed, as a ValueError naming its node."""
+    if not len(checks):
+        return
+    failed = np.asarray(checks.failed)
+    if failed.any():
+        first = int(np.argmax(failed))
+        raise ValueError(checks.messages[first].format(np.asarray(checks.values[first]).item()))
+
+
+def _checked_indices(node: Node, indices: Any, dim: int, what: str) -> Any:
+    """``indices`` into an axis of ``dim``, negative ones (from ``-dim``) counted from the end.
+
+    An index outside ``[-dim, dim)`` is an error naming the node: while tracing
+    when the indices are static, else after the run.
+    """
+    _int_check(node, indices, what)
+    check_at_run(
+        f"{node.where}: {what} hold {{}}, outside [{-dim}, {dim})",
+        (indices < -dim) | (indices >= dim),
+        indices,
+    )
+    return _xp(indices).where(indices < 0, indices + dim, indices)
+
+
+def _checked_labels(node: Node, labels: Any, classes: int, ignore: int | None) -> None:
+    """Class labels: each in ``[0, classes)`` or the loss's ``ignore_index``, as for indices."""
+    _int_check(node, labels, "labels")
+    bad = (labels < 0) | (labels >= classes)
+    if ignore is not None:
+        bad = bad & (labels != ignore)
+    but = "" if ignore is None else f" and not the ignore_index {ignore}"
+    check_at_run(f"{node.where}: labels hold {{}}, outside [0, {classes}){but}", bad, labels)
+
+
+def _int_check(node: Node, values: Any, what: str) -> None:
+    if not _is_int(values):
+        raise TypeError(f"{node.where}: {what} must be integers, got {values.dtype}")

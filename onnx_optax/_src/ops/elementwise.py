@@ -24,6 +24,8 @@ from onnx_optax._src.ops.arrays import (
     _is_int,
     _same_dtype,
     _xp,
+    check_at_run,
+    check_size,
     is_static,
 )
 from onnx_optax._src.ops.registry import Node, register
@@ -56,15 +58,28 @@ register("Sub")(_binary("subtract"))
 register("Mul")(_binary("multiply"))
 
 
+def _nonzero_divisor(node: Node, b: Any) -> None:
+    """Integer division by zero is an error (onnxruntime's too), never XLA's -1 or numpy's 0."""
+    check_at_run(f"{node.where}: divides integers by {{}}", b == 0, b)
+
+
+def _int_quotient(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a / b`` truncated toward zero (as ONNX and C divide integers), exact in int64."""
+    with np.errstate(over="ignore"):  # INT_MIN / -1 wraps around, as XLA's
+        floor = np.floor_divide(a, b)
+        inexact = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        return (floor + inexact.astype(floor.dtype)).astype(a.dtype)
+
+
 @register("Div")
 def _div(node: Node, a: Any, b: Any) -> Any:
     b = _legacy_broadcast(node, a, b)
     _same_dtype(node, a, b)
-    _broadcast_check(node, a, b)
+    shape = _broadcast_check(node, a, b)
     if _is_int(a):
+        _nonzero_divisor(node, b)
         if _xp(a, b) is np:
-            return np.trunc(a / b).astype(a.dtype)
-        shape = jnp.broadcast_shapes(a.shape, b.shape)
+            return _int_quotient(a, b)
         return lax.div(jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape))
     return _xp(a, b).divide(a, b)
 
@@ -72,10 +87,17 @@ def _div(node: Node, a: Any, b: Any) -> Any:
 @register("Mod")
 def _mod(node: Node, a: Any, b: Any) -> Any:
     _same_dtype(node, a, b)
+    _broadcast_check(node, a, b)
+    fmod = node.get("fmod", 0)
+    if _is_int(a):
+        _nonzero_divisor(node, b)
+    elif not fmod and node.opset < 28:
+        raise ValueError(
+            f"{node.where}: Mod of floating-point tensors needs fmod=1 before opset 28 "
+            f"(this model's opset is {node.opset})"
+        )
     xp = _xp(a, b)
-    if node.get("fmod", 0):
-        return xp.fmod(a, b)
-    return xp.mod(a, b)
+    return xp.fmod(a, b) if fmod else xp.mod(a, b)
 
 
 @register("Pow")
@@ -182,11 +204,16 @@ def _clip(node: Node, x: Any, low: Any = None, high: Any = None) -> Any:
         low, high = node.get("min"), node.get("max")
         low = None if low is None else np.asarray(low, x.dtype)
         high = None if high is None else np.asarray(high, x.dtype)
+    for name, bound in (("min", low), ("max", high)):
+        if bound is not None and (np.size(bound) != 1 or np.ndim(bound) > 1):
+            raise ValueError(
+                f"{node.where}: {name} must be a scalar, got shape {list(np.shape(bound))}"
+            )
     xp = _xp(x, low, high)
     if low is not None:
-        x = xp.maximum(x, _cast(low, x.dtype))
+        x = xp.maximum(x, _cast(low, x.dtype).reshape(()))
     if high is not None:
-        x = xp.minimum(x, _cast(high, x.dtype))
+        x = xp.minimum(x, _cast(high, x.dtype).reshape(()))
     return x
 
 
@@ -206,6 +233,9 @@ def _convert(node: Node, x: Any, target: np.dtype) -> Any:
 
     xp = _xp(x)
     source = np.dtype(x.dtype)
+    # the widest array computed: the target, or int32 on the way to 2- and 4-bit types
+    widest = np.dtype(np.int32) if target.name in _SMALL_INTS else target
+    check_size(node, np.shape(x), max(widest, source, key=lambda d: d.itemsize))
     if target.name == "float8_e8m0fnu":
         raise ValueError(f"{node.where}: casts to FLOAT8E8M0 are not supported")
     if target.name in _SMALL_INTS:  # truncate, then wrap around, as numpy (ml_dtypes) does

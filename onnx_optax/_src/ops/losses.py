@@ -1,7 +1,9 @@
 """The loss ops of ai.onnx: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
 
 Both share one negative log-likelihood (``_nll``) with its ``reduction``,
-``ignore_index`` and class weights. A new loss op goes here.
+``ignore_index`` and class weights. A label outside ``[0, C)`` that is not the
+``ignore_index`` is an error naming the node (while tracing when the labels are
+static, after the run otherwise), never a clamped class. A new loss op goes here.
 """
 
 from __future__ import annotations
@@ -10,19 +12,31 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from onnx_optax._src.ops.arrays import _is_int
+from onnx_optax._src.ops.arrays import _checked_labels
 from onnx_optax._src.ops.registry import Node, register
 
 
 def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
     """Negative log-likelihood of ``labels`` under ``log_prob`` (N, C, d...), with reduction."""
-    if not _is_int(labels):
-        raise TypeError(f"{node.where}: labels must be integers, got {labels.dtype}")
     reduction = node.get("reduction", "mean")
     if reduction not in ("none", "sum", "mean"):
         raise ValueError(f"{node.where}: reduction must be none, sum or mean, got {reduction!r}")
     ignore = node.get("ignore_index")
+    scores = np.shape(log_prob)
+    if len(scores) < 2 or np.shape(labels) != (scores[0], *scores[2:]):
+        raise ValueError(
+            f"{node.where}: labels of shape {list(np.shape(labels))} do not match scores of "
+            f"shape {list(scores)} (N, C, d...)"
+        )
+    classes = scores[1]
+    if weights is not None and np.shape(weights) != (classes,):
+        raise ValueError(
+            f"{node.where}: weights of shape {list(np.shape(weights))} do not match the "
+            f"{classes} classes"
+        )
+    _checked_labels(node, labels, classes, ignore)
     labels = jnp.asarray(labels)
     valid = jnp.ones(labels.shape, bool) if ignore is None else labels != ignore
     safe = jnp.where(valid, labels, 0)

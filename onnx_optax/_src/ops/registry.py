@@ -11,6 +11,13 @@ importing the package (``onnx_optax._src.ops``) imports them all, so whoever
 reads the registry sees every op. ``node`` is a :class:`Node`: the attributes by
 name with the schema's defaults for the model's opset of the node's domain, the
 opset itself and how errors name the node. Absent optional inputs arrive as ``None``.
+
+Every registered function runs behind one guard (:func:`_guarded`): its inputs'
+types are matched against the schema's type constraints at the node's opset
+(``Pad`` of an int32 tensor with a float ``constant_value`` is refused, never
+cast), and a host allocation that fails while the graph is traced (a tensor
+within the size limit that this machine cannot hold) is a ``ValueError``
+naming the node and the limit, as XLA's out-of-memory at run time is.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ class Node:
     where: str  # how errors name the node
     n_outputs: int
     max_bytes: int = MAX_TENSOR_BYTES  # the largest tensor the node may compute
+    inputs: tuple[str, ...] = ()  # the input names, for messages
+
+    def input_name(self, position: int) -> str:
+        """How messages name input ``position``: its name, else its position."""
+        name = self.inputs[position] if position < len(self.inputs) else ""
+        return repr(name) if name else str(position)
 
     def __getitem__(self, name: str) -> Any:
         return self.attrs[name]
@@ -75,11 +88,33 @@ def register(
     check: Callable[[Node], None] | None = None,
 ) -> Callable[..., Any]:
     """Registers ``fn(node, *inputs)`` as the op(s) ``names`` of ``domain``."""
-    table = REGISTRY.setdefault("" if domain in STANDARD_DOMAINS else domain, {})
+    domain = "" if domain in STANDARD_DOMAINS else domain
+    table = REGISTRY.setdefault(domain, {})
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         for name in names:
-            table[name] = Op(fn, static, check)
+            table[name] = Op(_guarded(name, domain, fn), static, check)
         return fn
 
     return wrap
+
+
+def _guarded(op_type: str, domain: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` behind the schema's type constraints, with host memory errors named."""
+
+    def run(node: Node, *inputs: Any) -> Any:
+        from onnx_optax._src.ops.attributes import check_input_types
+
+        check_input_types(node, op_type, domain, inputs)
+        try:
+            return fn(node, *inputs)
+        except MemoryError:
+            raise ValueError(
+                f"{node.where}: the host ran out of memory computing its output while the graph "
+                f"was traced (the limit allows {node.max_bytes} bytes per tensor); lower it "
+                "with limits=Limits(tensor_bytes=...) to have such a node refused first"
+            ) from None
+
+    run.__name__ = run.__qualname__ = getattr(fn, "__name__", op_type)
+    run.__doc__ = fn.__doc__
+    return run

@@ -23,8 +23,8 @@ from onnx_optax._src.ops.arrays import (
     _axes_of,
     _axis,
     _canonical,
+    _checked_indices,
     _ints,
-    _is_int,
     _same_dtype,
     _xp,
     check_size,
@@ -75,19 +75,35 @@ def _constant_of_shape(node: Node, shape: Any) -> Any:
 
 @register("Range", static=(0, 1, 2))
 def _range(node: Node, start: Any, limit: Any, delta: Any) -> Any:
+    """``start + i * delta`` for i < max(ceil((limit - start) / delta), 0), as ONNX defines it.
+
+    Integer bounds are counted in Python integers (exact where ``limit - start``
+    overflows int64) and the values computed in one array of the output's type,
+    whose wrap-around arithmetic is exact for values that fit it.
+    """
     _same_dtype(node, start, limit, delta)
+    dtype = np.dtype(start.dtype)
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     if delta == 0:
         raise ValueError(f"{node.where}: delta is 0")
-    steps = float((limit - start) / delta)
-    if not math.isfinite(steps):
-        raise ValueError(
-            f"{node.where}: start {start}, limit {limit} and delta {delta} give no finite "
-            "number of elements"
-        )
-    count = max(math.ceil(steps), 0)
-    check_size(node, [count], np.int64, "index array")  # numpy builds it first
-    return (start + np.arange(count) * delta).astype(start.dtype)
+    if np.issubdtype(dtype, np.integer):
+        first, step = int(start), int(delta)
+        count = max(-((first - int(limit)) // step), 0)  # ceil of the exact quotient
+    else:
+        with np.errstate(over="ignore"):  # the difference in the type, as onnxruntime
+            steps = float(limit - start) / float(delta)
+        if not math.isfinite(steps):
+            raise ValueError(
+                f"{node.where}: start {start}, limit {limit} and delta {delta} give no finite "
+                "number of elements"
+            )
+        count = max(math.ceil(steps), 0)
+    check_size(node, [count], dtype)
+    out = np.arange(count, dtype=dtype)
+    with np.errstate(over="ignore"):
+        out *= delta
+        out += start
+    return out
 
 
 @register("Shape")
@@ -108,17 +124,35 @@ def _size(node: Node, x: Any) -> Any:
     return np.asarray(math.prod(np.shape(x)), np.int64)
 
 
+def _reshaped(node: Node, shape: tuple[int, ...], dims: list[int]) -> list[int]:
+    """Reshape's target: 0 copies the input's dimension (unless allowzero), -1 is inferred."""
+    allowzero = node.get("allowzero", 0)
+    if not allowzero:
+        if any(d == 0 and i >= len(shape) for i, d in enumerate(dims)):
+            raise ValueError(
+                f"{node.where}: shape {dims} copies a dimension (0) beyond the input's rank "
+                f"{len(shape)}"
+            )
+        dims = [shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise ValueError(f"{node.where}: shape {dims} has more than one -1 or a negative size")
+    size, known = math.prod(shape), math.prod(d for d in dims if d != -1)
+    if -1 in dims:
+        if known == 0 or size % known:
+            raise ValueError(
+                f"{node.where}: cannot infer the -1 in {dims} for shape {list(shape)} "
+                f"({size} elements)"
+            )
+        dims = [size // known if d == -1 else d for d in dims]
+    if math.prod(dims) != size:
+        raise ValueError(f"{node.where}: cannot reshape shape {list(shape)} to {dims}")
+    return dims
+
+
 @register("Reshape", static=(1,))
 def _reshape(node: Node, x: Any, shape: Any = None) -> Any:
-    dims = _ints(node.get("shape") if shape is None else shape)
-    if not node.get("allowzero", 0):
-        dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
-    try:
-        return _xp(x).reshape(x, dims)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{node.where}: cannot reshape shape {list(x.shape)} to {_ints(shape)}"
-        ) from None
+    dims = _reshaped(node, np.shape(x), _ints(node.get("shape") if shape is None else shape))
+    return _xp(x).reshape(x, dims)
 
 
 @register("Flatten")
@@ -168,13 +202,14 @@ def _concat(node: Node, *xs: Any) -> Any:
     xs = tuple(x for x in xs if x is not None)
     _same_dtype(node, *xs)
     axis = _axis(int(node["axis"]), np.ndim(xs[0]), node.where)
-    try:
-        return _xp(*xs).concatenate(xs, axis=axis)
-    except (TypeError, ValueError):
-        shapes = [list(np.shape(x)) for x in xs]
-        raise ValueError(
-            f"{node.where}: cannot concatenate shapes {shapes} on axis {axis}"
-        ) from None
+    shapes = [list(np.shape(x)) for x in xs]
+    rest = [s[:axis] + s[axis + 1 :] for s in shapes]
+    if any(len(s) != len(shapes[0]) or r != rest[0] for s, r in zip(shapes, rest, strict=True)):
+        raise ValueError(f"{node.where}: cannot concatenate shapes {shapes} on axis {axis}")
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    check_size(node, out, xs[0].dtype)
+    return _xp(*xs).concatenate(xs, axis=axis)
 
 
 @register("Split", static=(1,))
@@ -185,10 +220,12 @@ def _split(node: Node, x: Any, split: Any = None) -> Any:
     n = node.n_outputs
     if sizes is None:
         parts = int(node.get("num_outputs", n))
+        if parts < 1:
+            raise ValueError(f"{node.where}: num_outputs is {parts}; it must be at least 1")
         chunk = -(-size // parts)
-        sizes = [min(chunk, size - i * chunk) for i in range(parts)]
+        sizes = [max(min(chunk, size - i * chunk), 0) for i in range(parts)]
     sizes = [int(s) for s in sizes]
-    if sum(sizes) != size or len(sizes) != n:
+    if sum(sizes) != size or len(sizes) != n or min(sizes, default=0) < 0:
         raise ValueError(
             f"{node.where}: split {sizes} does not cut axis {axis} of size {size} into {n}"
         )
@@ -221,6 +258,8 @@ def _slice(
         dim = x.shape[axis]
         if step == 0:
             raise ValueError(f"{node.where}: a step is 0")
+        # a step beyond the axis picks the first element alone: the same with a small step
+        step = max(min(step, max(dim, 1)), -max(dim, 1))
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
         if step > 0:
@@ -234,20 +273,24 @@ def _slice(
 @register("Gather")
 def _gather(node: Node, x: Any, indices: Any) -> Any:
     axis = _axis(int(node["axis"]), np.ndim(x), node.where)
-    if not _is_int(indices):
-        raise TypeError(f"{node.where}: indices must be integers, got {indices.dtype}")
-    dim = x.shape[axis]
-    xp = _xp(x, indices)
-    indices = xp.where(indices < 0, indices + dim, indices)
-    if xp is np:
+    shape = np.shape(x)
+    check_size(node, [*shape[:axis], *np.shape(indices), *shape[axis + 1 :]], x.dtype)
+    indices = _checked_indices(node, indices, shape[axis], "indices")
+    if _xp(x, indices) is np:
         return np.take(x, indices, axis=axis)
-    return jnp.take(x, indices, axis=axis, mode="clip")
+    return jnp.take(x, indices, axis=axis, mode="clip")  # out of range: raised after the run
 
 
 @register("GatherElements")
 def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
     axis = _axis(int(node["axis"]), np.ndim(x), node.where)
-    indices = jnp.where(indices < 0, indices + x.shape[axis], indices)
+    if np.ndim(indices) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: indices of shape {list(np.shape(indices))} do not match the rank of "
+            f"data {list(np.shape(x))}"
+        )
+    check_size(node, np.shape(indices), x.dtype)
+    indices = _checked_indices(node, indices, np.shape(x)[axis], "indices")
     return jnp.take_along_axis(x, indices, axis=axis, mode="clip")
 
 
@@ -274,6 +317,17 @@ def _tile(node: Node, x: Any, repeats: Any) -> Any:
     return _xp(x).tile(x, reps)
 
 
+def _check_pads(node: Node, mode: str, shape: Any, widths: list[tuple[int, int]]) -> None:
+    """Refuses pads the mode cannot fill: reflect pads at most size - 1, an empty axis none."""
+    for axis, (dim, (lo, hi)) in enumerate(zip(shape, widths, strict=True)):
+        most = dim - 1 if mode == "reflect" else (0 if dim == 0 else None)
+        if most is not None and max(lo, hi) > most:
+            raise ValueError(
+                f"{node.where}: {mode} pads {[lo, hi]} on axis {axis} of size {dim}; that mode "
+                f"pads at most {max(most, 0)} there"
+            )
+
+
 @register("Pad", static=(1, 3))
 def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = None) -> Any:
     rank = np.ndim(x)
@@ -295,6 +349,8 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     widths_ = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
     check_size(node, [d + lo + hi for d, (lo, hi) in zip(x.shape, widths_, strict=True)], x.dtype)
     mode = node.get("mode", "constant")
+    if mode != "constant":
+        _check_pads(node, mode, x.shape, widths_)
     xp = _xp(x, value)
     if mode == "constant":
         if is_static(fill) and xp is jnp:
@@ -309,10 +365,22 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     return xp.pad(x, widths_, mode=mode)
 
 
+def _blocks(node: Node, x: Any) -> tuple[int, int, int, int, int]:
+    """blocksize and the N, C, H, W of a rank-4 input; a clear error for anything else."""
+    b = int(node["blocksize"])
+    if b < 1:
+        raise ValueError(f"{node.where}: blocksize is {b}; it must be at least 1")
+    if np.ndim(x) != 4:
+        raise ValueError(f"{node.where}: the input has shape {list(np.shape(x))}; it needs rank 4")
+    n, c, h, w = np.shape(x)
+    return b, n, c, h, w
+
+
 @register("DepthToSpace")
 def _depth_to_space(node: Node, x: Any) -> Any:
-    b = int(node["blocksize"])
-    n, c, h, w = x.shape
+    b, n, c, h, w = _blocks(node, x)
+    if c % (b * b):
+        raise ValueError(f"{node.where}: {c} channels do not divide into blocks of {b}x{b}")
     if node.get("mode", "DCR") == "DCR":
         y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
     else:
@@ -322,8 +390,9 @@ def _depth_to_space(node: Node, x: Any) -> Any:
 
 @register("SpaceToDepth")
 def _space_to_depth(node: Node, x: Any) -> Any:
-    b = int(node["blocksize"])
-    n, c, h, w = x.shape
+    b, n, c, h, w = _blocks(node, x)
+    if h % b or w % b:
+        raise ValueError(f"{node.where}: height {h} and width {w} are not multiples of {b}")
     if node.get("mode", "DCR") == "CRD":
         y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 1, 3, 5, 2, 4)
         return y.reshape(n, c * b * b, h // b, w // b)

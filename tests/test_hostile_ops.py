@@ -1,0 +1,758 @@
+"""Hostile models against the elementwise, shape and loss ops (issue 20, items 2, 3, 6 and 7).
+
+Each test is one finding of the audit of f9a32ac and fails there: a tiny model
+that asked numpy for 16-32 GiB while tracing (item 2), a wide node that ended in
+``std::bad_alloc`` and an abort (item 3), a result onnxruntime refuses or computes
+otherwise (item 6), an exception outside the promised set (item 7). Expected
+values come from onnxruntime or the ONNX spec, never from our own output. The
+memory bombs and wide nodes run in a child process under a 4 GiB data limit, so
+a regression fails the test instead of taking pytest down.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import onnx_optax  # noqa: E402
+from onnx_optax import backend, training  # noqa: E402
+
+F32, F64, I32, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64
+LIMIT_HINT = r"limits=Limits\(tensor_bytes=\.\.\.\)"
+
+
+def _vi(name: str, elem: int, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _constant(name: str, value: Any) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+
+def _model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    opset: int = 21,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(session.run(None, feeds))
+
+
+def _refused_by_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    with pytest.raises(Exception, match=r"ONNXRuntimeError"):
+        _onnxruntime(model, feeds)
+
+
+def _ours(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return list(backend.prepare(model).run(feeds))
+
+
+# ----------------------------------------------------------------------------- 2. memory bombs
+# Every model is a few hundred bytes; the tensor its named node computes is over the
+# 16 GiB tensor limit (or, for Range, within it but beyond the child's 4 GiB).
+
+
+def _zeros(name: str, shape: list[int], dtype: int = I64) -> list[onnx.NodeProto]:
+    """A static tensor of zeros (ConstantOfShape folds up to 65,536 elements while tracing)."""
+    fill = numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(dtype)), "v")
+    return [
+        _constant(f"{name}.shape", np.array(shape, np.int64)),
+        helper.make_node("ConstantOfShape", [f"{name}.shape"], [name], value=fill),
+    ]
+
+
+def _view(name: str, value: np.ndarray, shape: list[int]) -> list[onnx.NodeProto]:
+    """A static scalar expanded to ``shape``: a broadcast view, free until an op copies it."""
+    return [
+        _constant(f"{name}.value", value),
+        _constant(f"{name}.shape", np.array(shape, np.int64)),
+        helper.make_node("Expand", [f"{name}.value", f"{name}.shape"], [name]),
+    ]
+
+
+def _column_and_row(dtype: Any) -> list[onnx.NodeProto]:
+    """``col`` [65536, 1] and ``row`` [1, 65536], static, from a Range of 1..65536."""
+    return [
+        _constant("start", np.array(1, dtype)),
+        _constant("limit", np.array(65537, dtype)),
+        _constant("delta", np.array(1, dtype)),
+        helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
+        _constant("axis1", np.array([1], np.int64)),
+        _constant("axis0", np.array([0], np.int64)),
+        helper.make_node("Unsqueeze", ["r", "axis1"], ["col"]),
+        helper.make_node("Unsqueeze", ["r", "axis0"], ["row"]),
+    ]
+
+
+def _bomb(
+    nodes: list[onnx.NodeProto], out: onnx.NodeProto, rank: int = 2, elem: int = I64
+) -> onnx.ModelProto:
+    shape = [f"d{i}" for i in range(rank)]
+    return _model([*nodes, out], [], [_vi(out.output[0], elem, shape)])
+
+
+@functools.cache
+def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, int], str]]:
+    """name: (model, limits, what the error must say) for each memory bomb."""
+    big = (
+        r"node 'big' .*would take \d+ bytes, over the limit of \d+ bytes per tensor; raise it with "
+    )
+    big += LIMIT_HINT
+    return {
+        "Gather": (
+            _bomb(
+                [*_zeros("x", [1, 65536]), *_zeros("i", [65536])],
+                helper.make_node("Gather", ["x", "i"], ["y"], name="big"),
+            ),
+            {},
+            big,
+        ),
+        "GatherElements": (
+            _bomb(
+                [*_zeros("x", [1]), *_view("i", np.array(0, np.int32), [3 << 30])],
+                helper.make_node("GatherElements", ["x", "i"], ["y"], name="big"),
+                rank=1,
+            ),
+            {},
+            big,
+        ),
+        "Concat of one tensor 40,000 times": (
+            _bomb(
+                _zeros("x", [65536]),
+                helper.make_node("Concat", ["x"] * 40_000, ["y"], axis=0, name="big"),
+                rank=1,
+            ),
+            {"op_width": 40_000},
+            big,
+        ),
+        "Concat of views": (
+            _bomb(
+                _view("x", np.array(0, np.int64), [1 << 22]),
+                helper.make_node("Concat", ["x"] * 1000, ["y"], axis=0, name="big"),
+                rank=1,
+            ),
+            {},
+            big,
+        ),
+        "Mod": (
+            _bomb(
+                _column_and_row(np.int64),
+                helper.make_node("Mod", ["col", "row"], ["y"], name="big"),
+            ),
+            {},
+            big,
+        ),
+        "Where": (
+            _bomb(
+                [
+                    *_column_and_row(np.int64),
+                    *_zeros("c", [65536, 1], TensorProto.BOOL),
+                ],
+                helper.make_node("Where", ["c", "col", "row"], ["y"], name="big"),
+            ),
+            {},
+            big,
+        ),
+        "Max": (
+            _bomb(
+                _column_and_row(np.int64),
+                helper.make_node("Max", ["col", "row"], ["y"], name="big"),
+            ),
+            {},
+            big,
+        ),
+        "Mean": (
+            _bomb(
+                _column_and_row(np.float64),
+                helper.make_node("Mean", ["col", "row"], ["y"], name="big"),
+                elem=F64,
+            ),
+            {},
+            big,
+        ),
+        "Clip": (
+            _bomb(
+                _column_and_row(np.int64),
+                helper.make_node("Clip", ["col", "row"], ["y"], name="big"),
+            ),
+            {},
+            r"node 'big' \(ai\.onnx\.Clip\): min must be a scalar, got shape \[1, 65536\]",
+        ),
+        "Cast": (
+            _bomb(
+                _view("x", np.array(1, np.uint8), [3 << 30]),
+                helper.make_node("Cast", ["x"], ["y"], to=I64, name="big"),
+                rank=1,
+            ),
+            {},
+            big,
+        ),
+        "Range over the limit": (
+            _bomb(
+                [
+                    _constant("start", np.array(0, np.int64)),
+                    _constant("limit", np.array(2**32, np.int64)),
+                    _constant("delta", np.array(1, np.int64)),
+                ],
+                helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="big"),
+                rank=1,
+            ),
+            {},
+            big,
+        ),
+        "Range within the limit, beyond the memory": (
+            _bomb(
+                [
+                    _constant("start", np.array(0, np.int64)),
+                    _constant("limit", np.array(2**31 - 1, np.int64)),
+                    _constant("delta", np.array(1, np.int64)),
+                ],
+                helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="big"),
+                rank=1,
+            ),
+            {},
+            r"node 'big' \(ai\.onnx\.Range\): the host ran out of memory .*" + LIMIT_HINT,
+        ),
+    }
+
+
+_CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))
+from onnx_optax import backend
+from tests.test_hostile_ops import {builder}
+
+for name, (model, limits, _) in {builder}().items():
+    began = time.monotonic()
+    try:
+        backend.prepare(model, limits=backend.Limits(**limits)).run([])
+        found = "ran"
+    except Exception as error:
+        found = f"{{type(error).__name__}}: {{error}}"
+    print(json.dumps({{"case": name, "found": found, "seconds": time.monotonic() - began}}))
+    sys.stdout.flush()
+"""
+
+
+def _in_a_capped_child(builder: str, timeout: float) -> dict[str, dict[str, Any]]:
+    """Runs every model ``builder()`` returns in one child process under a 4 GiB data limit."""
+    root = Path(__file__).parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CHILD.format(builder=builder))],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            found[entry["case"]] = entry
+    found["(child)"] = {"returncode": done.returncode, "stderr": done.stderr[-2000:]}
+    return found
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, dict[str, Any]]:
+    return _in_a_capped_child("_bombs", timeout=300)
+
+
+@pytest.mark.parametrize("case", list(_bombs()))
+def test_a_tiny_model_asking_for_a_huge_tensor_is_refused_before_allocating(
+    bombs: dict[str, dict[str, Any]], case: str
+) -> None:
+    # On f9a32ac numpy computed each while tracing: MemoryError (16-32 GiB asked).
+    entry = bombs.get(case)
+    assert entry is not None, bombs["(child)"]
+    want = _bombs()[case][2]
+    assert entry["found"].startswith("ValueError: "), entry
+    assert re.search(want, entry["found"]), entry["found"]
+    assert entry["seconds"] < 20, entry
+
+
+# ----------------------------------------------------------------------------- 3. wide nodes
+
+
+def _wide() -> dict[str, tuple[onnx.ModelProto, dict[str, int], str]]:
+    """Nodes wider than Limits.op_width: refused before anything is traced or compiled."""
+    outputs = [f"y{i}" for i in range(20_000)]
+    split = _model(
+        [helper.make_node("Split", ["x"], outputs, axis=0, num_outputs=20_000, name="wide")],
+        [_vi("x", F32, [20_000])],
+        [_vi(name, F32, [1]) for name in outputs],
+    )
+    inputs = [f"x{i}" for i in range(100_000)]
+    concat = _model(
+        [helper.make_node("Concat", inputs, ["y"], axis=0, name="wide")],
+        [_vi(name, F32, [1]) for name in inputs],
+        [_vi("y", F32, [100_000])],
+    )
+    hint = r"more than the limit of 1024; raise it with limits=Limits\(op_width=\.\.\.\)"
+    return {
+        "Split into 20,000 outputs": (
+            split,
+            {},
+            r"node 0 \(Split 'wide'\) has 1 inputs and 20000 outputs, " + hint,
+        ),
+        "Concat of 100,000 feeds": (
+            concat,
+            {},
+            r"node 0 \(Concat 'wide'\) has 100000 inputs and 1 outputs, " + hint,
+        ),
+    }
+
+
+def test_nodes_wider_than_the_limit_are_refused_before_compiling() -> None:
+    # On f9a32ac both ran into XLA: a Split into 5,000 outputs took 67 s and 3.8 GB,
+    # 20,000 ended in std::bad_alloc (SIGABRT); Concat of 100,000 feeds likewise.
+    found = _in_a_capped_child("_wide", timeout=120)
+    for case, (_, _, want) in _wide().items():
+        entry = found.get(case)
+        assert entry is not None, found["(child)"]
+        assert entry["found"].startswith("ValueError: "), entry
+        assert re.search(want, entry["found"]), entry["found"]
+        assert entry["seconds"] < 30, entry
+
+
+def test_run_node_refuses_a_wide_node_too() -> None:
+    node = helper.make_node("Split", ["x"], [f"y{i}" for i in range(2000)], num_outputs=2000)
+    with pytest.raises(ValueError, match=r"run_node: the node \(Split ''\) has 1 inputs and 2000"):
+        backend.run_node(node, [np.zeros(2000, np.float32)])
+
+
+def test_a_node_within_the_width_limit_runs() -> None:
+    n = 64
+    outputs = [f"y{i}" for i in range(n)]
+    model = _model(
+        [
+            helper.make_node("Split", ["x"], outputs, axis=0, num_outputs=n),
+            helper.make_node("Concat", outputs[::-1], ["z"], axis=0),
+        ],
+        [_vi("x", F32, [n])],
+        [_vi("z", F32, [n])],
+    )
+    x = np.arange(n, dtype=np.float32)
+    (z,) = _ours(model, {"x": x})
+    np.testing.assert_array_equal(z, _onnxruntime(model, {"x": x})[0])
+
+
+# ----------------------------------------------------------------------------- 6. silent results
+
+
+def _gather_model(op: str, static_indices: np.ndarray | None = None) -> onnx.ModelProto:
+    nodes = [helper.make_node(op, ["x", "i"], ["y"], name="g")]
+    inputs = [_vi("x", F32, [3])]
+    if static_indices is None:
+        inputs.append(_vi("i", I64, [2]))
+    else:
+        nodes.insert(0, _constant("i", static_indices))
+    return _model(nodes, inputs, [_vi("y", F32, [2])])
+
+
+X3 = np.array([10.0, 20.0, 30.0], np.float32)
+
+
+@pytest.mark.parametrize("op", ["Gather", "GatherElements"])
+@pytest.mark.parametrize("index", [3, -4, 2**31 - 1])
+def test_an_index_out_of_range_is_an_error_naming_the_node(op: str, index: int) -> None:
+    # On f9a32ac the index was clamped: x[2] or x[0] came back, silently.
+    indices = np.array([0, index], np.int64)
+    model = _gather_model(op)
+    _refused_by_onnxruntime(model, {"x": X3, "i": indices})
+    rep = backend.prepare(model)
+    with pytest.raises(
+        ValueError, match=rf"node 'g' \(ai\.onnx\.{op}\): indices hold -?\d+, outside \[-3, 3\)"
+    ):
+        rep.run({"x": X3, "i": indices})
+    # the same indices as a constant: refused while tracing (at prepare, the shapes declared)
+    with pytest.raises(ValueError, match=rf"node 'g' .*indices hold {index}, outside \[-3, 3\)"):
+        backend.prepare(_gather_model(op, indices)).run({"x": X3})
+
+
+@pytest.mark.parametrize("op", ["Gather", "GatherElements"])
+def test_negative_indices_within_the_axis_count_from_the_end(op: str) -> None:
+    indices = np.array([-3, -1], np.int64)
+    model = _gather_model(op)
+    (want,) = _onnxruntime(model, {"x": X3, "i": indices})
+    (got,) = _ours(model, {"x": X3, "i": indices})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [10.0, 30.0])
+
+
+def test_a_gather_on_a_shape_out_of_range_is_a_value_error() -> None:
+    # item 7: on f9a32ac numpy's IndexError escaped.
+    model = _model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            _constant("i", np.array([5], np.int64)),
+            helper.make_node("Gather", ["s", "i"], ["y"], name="g"),
+        ],
+        [_vi("x", F32, [3])],
+        [_vi("y", I64, [1])],
+    )
+    _refused_by_onnxruntime(model, {"x": X3})
+    with pytest.raises(ValueError, match=r"node 'g' .*indices hold 5, outside \[-1, 1\)"):
+        backend.prepare(model)
+
+
+def _loss_model(op: str, ignore_index: int | None = None) -> onnx.ModelProto:
+    attributes = {} if ignore_index is None else {"ignore_index": ignore_index}
+    node = helper.make_node(op, ["s", "t"], ["loss"], name="loss", **attributes)
+    return _model([node], [_vi("s", F32, [3, 4]), _vi("t", I64, [3])], [_vi("loss", F32, [])])
+
+
+SCORES = np.log(np.arange(1, 13, dtype=np.float32).reshape(3, 4) / 20)
+
+
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+@pytest.mark.parametrize("label", [4, -1, 7])
+def test_a_label_outside_the_classes_is_an_error_naming_the_node(op: str, label: int) -> None:
+    # On f9a32ac the label was clamped to class 3 (or 0) and the loss computed on it.
+    labels = np.array([0, label, 2], np.int64)
+    model = _loss_model(op)
+    if label != -1:  # onnxruntime reads the row before for -1 (undefined), and answers
+        _refused_by_onnxruntime(model, {"s": SCORES, "t": labels})
+    with pytest.raises(
+        ValueError, match=rf"node 'loss' \(ai\.onnx\.{op}\): labels hold {label}, outside \[0, 4\)"
+    ):
+        _ours(model, {"s": SCORES, "t": labels})
+
+
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_the_ignore_index_is_not_out_of_range(op: str) -> None:
+    labels = np.array([0, -1, 2], np.int64)
+    model = _loss_model(op, ignore_index=-1)
+    (want,) = _onnxruntime(model, {"s": SCORES, "t": labels})
+    (got,) = _ours(model, {"s": SCORES, "t": labels})
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    labels[1] = -2
+    with pytest.raises(ValueError, match=r"labels hold -2, outside \[0, 4\) and not the ignore"):
+        _ours(model, {"s": SCORES, "t": labels})
+
+
+def _computed_labels() -> onnx.ModelProto:
+    """A trainable linear model whose loss reads labels computed from the feed (t + 1)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "linear",
+        [_vi("x", F32, ["N", 4])],
+        [_vi("y", F32, ["N", 3])],
+        initializer=[numpy_helper.from_array(np.ones((4, 3), np.float32) / 10, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model = training.attach(
+        model, loss="softmax_cross_entropy", target="t", output="y", optimizer=onnx_optax.adam(0.1)
+    )
+    algorithm = model.training_info[0].algorithm
+    (node,) = [n for n in algorithm.node if n.op_type == "SoftmaxCrossEntropyLoss"]
+    node.name = "xent"
+    node.input[1] = "t.next"
+    algorithm.node.insert(0, _constant("one", np.array(1, np.int64)))
+    algorithm.node.insert(1, helper.make_node("Add", ["t", "one"], ["t.next"]))
+    return model
+
+
+def test_a_training_step_on_a_computed_label_out_of_range_raises_and_changes_nothing() -> None:
+    # On f9a32ac the label 3 was clamped to class 2: the step trained on it, its gradient
+    # landing on the clamped row. The feeds' own check cannot see a computed label.
+    session = training.Session(_computed_labels())
+    x = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    session.step({"x": x, "t": np.array([0, 1, 0, 1], np.int64)})
+    before = session.initializers
+    with pytest.raises(
+        ValueError, match=r"node 'xent' \(ai\.onnx\.SoftmaxCrossEntropyLoss\): labels hold 3, "
+    ):
+        session.step({"x": x, "t": np.array([0, 2, 0, 1], np.int64)})
+    for name, value in session.initializers.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    with pytest.raises(ValueError, match=r"labels hold 3"):
+        session.evaluate({"x": x, "t": np.array([2, 0, 0, 1], np.int64)})
+    session.step({"x": x, "t": np.array([1, 0, 0, 1], np.int64)})  # valid labels still step
+    assert session.initializers["T"] == before["T"] + 1
+
+
+def _slice_model(step: int, start: int, end: int, fed: bool) -> onnx.ModelProto:
+    nodes = [
+        _constant("starts", np.array([start], np.int64)),
+        _constant("ends", np.array([end], np.int64)),
+        _constant("axes", np.array([0], np.int64)),
+        _constant("steps", np.array([step], np.int64)),
+        helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="s"),
+    ]
+    if not fed:
+        nodes.insert(0, _constant("x", X3))
+    return _model(nodes, [_vi("x", F32, [3])] if fed else [], [_vi("y", F32, ["n"])])
+
+
+@pytest.mark.parametrize("fed", [False, True])
+@pytest.mark.parametrize(
+    ("step", "start", "end"),
+    [(2**63 - 1, 0, 3), (-(2**63), 2, -(2**63)), (-(2**63), 0, 3), (2**62, -5, 2**63 - 1)],
+)
+def test_a_slice_step_beyond_the_axis_picks_the_first_element(
+    fed: bool, step: int, start: int, end: int
+) -> None:
+    # On f9a32ac: step 2**63-1 gave [] (or, with x fed, aborted in XLA), -2**63 a TypeError.
+    model = _slice_model(step, start, end, fed)
+    feeds = {"x": X3} if fed else {}
+    (want,) = _onnxruntime(model, feeds)
+    (got,) = _ours(model, feeds)
+    np.testing.assert_array_equal(got, want)
+
+
+def _binary(op: str, a: np.ndarray, b: np.ndarray, **attributes: Any) -> onnx.ModelProto:
+    out = _vi(
+        "y", helper.np_dtype_to_tensor_dtype(a.dtype), list(np.broadcast_shapes(a.shape, b.shape))
+    )
+    return _model(
+        [
+            _constant("a", a),
+            _constant("b", b),
+            helper.make_node(op, ["a", "b"], ["y"], name="op", **attributes),
+        ],
+        [],
+        [out],
+    )
+
+
+def test_integer_division_of_constants_is_exact() -> None:
+    # On f9a32ac Div(2**53 + 1, 1) went through float64: 2**53, so the difference was -1.
+    a = np.array([2**53 + 1, -(2**62) - 1, -7, 7, -7, 7], np.int64)
+    b = np.array([1, 3, 2, -2, -2, 2], np.int64)
+    div = _model(
+        [
+            _constant("a", a),
+            _constant("b", b),
+            helper.make_node("Div", ["a", "b"], ["q"]),
+            helper.make_node("Mul", ["q", "b"], ["qb"]),
+            helper.make_node("Sub", ["a", "qb"], ["y"]),  # the remainder, within int32
+        ],
+        [],
+        [_vi("y", I64, [6])],
+    )
+    (want,) = _onnxruntime(div, {})
+    (got,) = _ours(div, {})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [0, -2, -1, 1, -1, 1])  # truncation toward zero
+
+
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+@pytest.mark.parametrize("fed", [False, True])
+def test_integer_division_by_zero_is_an_error_naming_the_node(op: str, fed: bool) -> None:
+    # On f9a32ac numpy gave 0 with a RuntimeWarning, XLA gave -1; onnxruntime refuses.
+    a, b = np.array([7, 8], np.int64), np.array([2, 0], np.int64)
+    if fed:
+        model = _model(
+            [helper.make_node(op, ["a", "b"], ["y"], name="op")],
+            [_vi("a", I64, [2]), _vi("b", I64, [2])],
+            [_vi("y", I64, [2])],
+        )
+        feeds = {"a": a, "b": b}
+    else:
+        model, feeds = _binary(op, a, b), {}
+    if op == "Div":
+        _refused_by_onnxruntime(model, feeds)
+    with pytest.raises(ValueError, match=rf"node 'op' \(ai\.onnx\.{op}\): divides integers by 0"):
+        _ours(model, feeds)
+
+
+def test_a_range_whose_bounds_overflow_int64_follows_onnx() -> None:
+    # On f9a32ac limit - start overflowed int64 in numpy: an empty tensor; onnxruntime (and
+    # ONNX's ceil((limit - start) / delta), exact) gives 4 elements.
+    for start, limit, delta in [(-(2**63), 2**63 - 1, 2**62), (2**63 - 1, -(2**63), -(2**62))]:
+        model = _model(
+            [
+                _constant("start", np.array(start, np.int64)),
+                _constant("limit", np.array(limit, np.int64)),
+                _constant("delta", np.array(delta, np.int64)),
+                helper.make_node("Range", ["start", "limit", "delta"], ["y"]),
+            ],
+            [],
+            [_vi("y", I64, ["n"])],
+        )
+        (want,) = _onnxruntime(model, {})
+        assert want.shape == (4,)
+        with jax.enable_x64(True):
+            (got,) = _ours(model, {})
+        np.testing.assert_array_equal(got, want)
+
+
+def test_pad_refuses_a_value_of_another_type() -> None:
+    # On f9a32ac an int32 tensor padded with the float 7.9 was padded with 7.
+    model = _model(
+        [
+            _constant("pads", np.array([1, 1], np.int64)),
+            _constant("value", np.array(7.9, np.float32)),
+            helper.make_node("Pad", ["x", "pads", "value"], ["y"], name="p"),
+        ],
+        [_vi("x", I32, [2])],
+        [_vi("y", I32, [4])],
+    )
+    x = np.array([1, 2], np.int32)
+    _refused_by_onnxruntime(model, {"x": x})
+    with pytest.raises(
+        TypeError,
+        match=r"node 'p' \(ai\.onnx\.Pad\): inputs 'x' and 'value' share the type T of Pad, "
+        r"but are int32 and float32",
+    ):
+        _ours(model, {"x": x})
+
+
+@pytest.mark.parametrize(
+    ("op", "a", "b"),
+    [
+        ("Add", np.array([1], np.int32), np.array([1.5], np.float32)),
+        ("Concat", np.array([1], np.int64), np.array([1], np.int32)),
+        ("Where", np.array([1.0], np.float32), np.array([1], np.int64)),
+    ],
+)
+def test_inputs_of_one_type_parameter_must_share_a_type(
+    op: str, a: np.ndarray, b: np.ndarray
+) -> None:
+    if op == "Where":
+        nodes = [
+            _constant("c", np.array([True])),
+            helper.make_node(op, ["c", "a", "b"], ["y"], name="op"),
+        ]
+    else:
+        attributes = {"axis": 0} if op == "Concat" else {}
+        nodes = [helper.make_node(op, ["a", "b"], ["y"], name="op", **attributes)]
+    model = _model([_constant("a", a), _constant("b", b), *nodes], [], [_vi("y", F32, ["n"])])
+    _refused_by_onnxruntime(model, {})
+    with pytest.raises(
+        TypeError, match=rf"node 'op' \(ai\.onnx\.{op}\): inputs '[ab]' and '[ab]' share"
+    ):
+        _ours(model, {})
+
+
+def test_an_input_type_the_schema_does_not_allow_is_refused() -> None:
+    model = _model(
+        [
+            _constant("x", np.array([1], np.int32)),
+            helper.make_node("Sqrt", ["x"], ["y"], name="op"),
+        ],
+        [],
+        [_vi("y", I32, [1])],
+    )
+    _refused_by_onnxruntime(model, {})
+    with pytest.raises(
+        TypeError,
+        match=r"node 'op' \(ai\.onnx\.Sqrt\): input 'x' has dtype int32; it must be one of",
+    ):
+        _ours(model, {})
+
+
+def test_float_mod_needs_fmod_1_before_opset_28() -> None:
+    # On f9a32ac it computed numpy's floor modulo; onnxruntime refuses.
+    a, b = np.array([5.0, -5.0], np.float32), np.array([3.0, 3.0], np.float32)
+    model = _binary("Mod", a, b)
+    _refused_by_onnxruntime(model, {})
+    with pytest.raises(
+        ValueError, match=r"node 'op' \(ai\.onnx\.Mod\): .*needs fmod=1 before opset 28"
+    ):
+        _ours(model, {})
+    model = _binary("Mod", a, b, fmod=1)
+    np.testing.assert_array_equal(_ours(model, {})[0], _onnxruntime(model, {})[0])
+
+
+def _pad_model(mode: str, pads: list[int]) -> onnx.ModelProto:
+    return _model(
+        [
+            _constant("pads", np.array(pads, np.int64)),
+            helper.make_node("Pad", ["x", "pads"], ["y"], name="p", mode=mode),
+        ],
+        [_vi("x", F32, [3])],
+        [_vi("y", F32, [3 + sum(pads)])],
+    )
+
+
+def test_reflect_pads_wider_than_the_axis_are_refused() -> None:
+    # On f9a32ac numpy reflected again and again; onnxruntime pads at most size - 1.
+    model = _pad_model("reflect", [3, 3])
+    _refused_by_onnxruntime(model, {"x": X3})
+    with pytest.raises(ValueError, match=r"node 'p' .*reflect pads \[3, 3\] on axis 0 of size 3"):
+        _ours(model, {"x": X3})
+    for mode, pads in [("reflect", [2, 2]), ("wrap", [4, 4]), ("edge", [4, 4])]:
+        model = _pad_model(mode, pads)
+        np.testing.assert_array_equal(_ours(model, {"x": X3})[0], _onnxruntime(model, {"x": X3})[0])
+
+
+def test_clip_bounds_must_be_scalars() -> None:
+    model = _model(
+        [
+            _constant("lo", np.zeros(2, np.float32)),
+            helper.make_node("Clip", ["x", "lo"], ["y"], name="c"),
+        ],
+        [_vi("x", F32, [3])],
+        [_vi("y", F32, [3])],
+    )
+    _refused_by_onnxruntime(model, {"x": X3})
+    with pytest.raises(ValueError, match=r"node 'c' \(ai\.onnx\.Clip\): min must be a scalar"):
+        _ours(model, {"x": X3})
+
+
+# ----------------------------------------------------------------------------- 7. exceptions
+
+
+@pytest.mark.parametrize(
+    ("node", "inputs", "message"),
+    [
+        (
+            helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=0),
+            [np.zeros((1, 4, 2, 2), np.float32)],
+            r"blocksize is 0; it must be at least 1",
+        ),
+        (
+            helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=0),
+            [np.zeros((1, 4, 2, 2), np.float32)],
+            r"blocksize is 0; it must be at least 1",
+        ),
+        (
+            helper.make_node("Split", ["x"], ["y"], num_outputs=0),
+            [np.zeros(4, np.float32)],
+            r"num_outputs is 0; it must be at least 1",
+        ),
+        (
+            helper.make_node("Reshape", ["x", "s"], ["y"], allowzero=1),
+            [np.zeros((0, 3), np.float32), np.array([0, -1], np.int64)],
+            r"cannot infer the -1 in \[0, -1\]",
+        ),
+        (
+            helper.make_node("Reshape", ["x", "s"], ["y"]),
+            [np.zeros(6, np.float32), np.array([2, 0, 3], np.int64)],
+            r"shape \[2, 0, 3\] copies a dimension \(0\) beyond the input's rank 1",
+        ),
+    ],
+    ids=["DepthToSpace", "SpaceToDepth", "Split", "Reshape allowzero", "Reshape 0 beyond"],
+)
+def test_a_malformed_node_is_a_value_error_naming_it(
+    node: onnx.NodeProto, inputs: list[np.ndarray], message: str
+) -> None:
+    # On f9a32ac: ZeroDivisionError (the first four) and IndexError (the last).
+    node.name = "n"
+    with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.{node.op_type}\): {message}"):
+        backend.run_node(node, inputs)
