@@ -28,9 +28,27 @@ from onnx_optax._src.ops.arrays import (
     _cast,
     _same_dtype,
     _xp,
+    check_size,
     is_static,
 )
 from onnx_optax._src.ops.registry import Node, register
+
+# TODO(ops): shared with reductions.py; belongs in arrays.py beside _xp (the other session's).
+HOST_FOLD_ELEMENTS = 1 << 16  # as ConstantOfShape: larger results are computed on the device
+
+
+def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
+    """numpy for a small result of static values (shape arithmetic folds while tracing),
+    else jax.numpy, after checking the result's size against the node's limit.
+
+    A large result of constants is staged into the computation like any other, so
+    the host never allocates it while tracing (16 GiB of MatMul from two constant
+    vectors was a MemoryError) nor does it become a literal in the compiled program.
+    """
+    check_size(node, shape, dtype)
+    small = math.prod(int(d) for d in shape) <= HOST_FOLD_ELEMENTS
+    return _xp(*values) if small else jnp
+
 
 # ----------------------------------------------------------------------------- activations
 
@@ -130,20 +148,51 @@ register("Hardmax")(_softmax_like(_hardmax))
 # ----------------------------------------------------------------------------- linear algebra
 
 
+def _broadcasts_to(node: Node, name: str, value: Any, shape: Sequence[int]) -> None:
+    """Refuses ``value`` unless it broadcasts to ``shape`` one way (the result keeps ``shape``)."""
+    target = tuple(int(d) for d in shape)
+    try:
+        fits = np.broadcast_shapes(target, tuple(np.shape(value))) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{node.where}: {name} of shape {list(np.shape(value))} does not broadcast to "
+            f"{list(target)}"
+        )
+
+
+def _matmul_shape(node: Node, a: Any, b: Any) -> list[int]:
+    """numpy.matmul's output shape, computed before anything is multiplied."""
+    sa, sb = list(np.shape(a)), list(np.shape(b))
+    if not sa or not sb or (sa[-1] != (sb[-2] if len(sb) > 1 else sb[0])):
+        raise ValueError(f"{node.where}: MatMul of shapes {sa} and {sb} do not match")
+    try:
+        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"{node.where}: MatMul of shapes {sa} and {sb}: their batch dimensions do not broadcast"
+        ) from None
+    return [*batch, *sa[-2:-1], *(sb[-1:] if len(sb) > 1 else [])]
+
+
 @register("MatMul")
 def _matmul(node: Node, a: Any, b: Any) -> Any:
     _same_dtype(node, a, b)
-    try:
-        return _xp(a, b).matmul(a, b)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"{node.where}: MatMul of shapes {list(a.shape)} and {list(b.shape)}: {error}"
-        ) from None
+    return _xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
 
 
 @register("Gemm")
 def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
     _same_dtype(node, a, b, c)
+    for name in ("transA", "transB"):
+        if node[name] not in (0, 1):
+            raise ValueError(f"{node.where}: {name} {node[name]} must be 0 or 1")
+    if np.ndim(a) != 2 or np.ndim(b) != 2:
+        raise ValueError(
+            f"{node.where}: Gemm needs 2-D A and B, got shapes {list(np.shape(a))} and "
+            f"{list(np.shape(b))}"
+        )
     if node["transA"]:
         a = a.T
     if node["transB"]:
@@ -454,5 +503,6 @@ def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -
         raise ValueError(
             f"{node.where}: Dropout in training mode is not supported (inference only)"
         )
-    mask = np.ones(x.shape, bool) if node.opset >= 10 else np.ones(x.shape, x.dtype)
+    xp = _xp(x)  # a mask of a traced X is built in-graph, not as a host constant
+    mask = xp.ones(x.shape, bool) if node.opset >= 10 else xp.ones(x.shape, x.dtype)
     return (x, mask)[: node.n_outputs]
