@@ -137,6 +137,8 @@ register("LogSoftmax")(_softmax_like(jax.nn.log_softmax))
 
 
 def _hardmax(x: Any, axis: int) -> Any:
+    if x.shape[axis] == 0:  # nothing to pick: the empty result onnxruntime gives
+        return jnp.zeros(x.shape, x.dtype)
     index = jnp.argmax(x, axis=axis, keepdims=True)
     positions = lax.broadcasted_iota(index.dtype, x.shape, axis)
     return (positions == index).astype(x.dtype)
@@ -202,12 +204,15 @@ def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
             f"{node.where}: Gemm of shapes {list(a.shape)} and {list(b.shape)} (after transA, "
             "transB) do not match"
         )
+    shape = (a.shape[0], b.shape[1])
+    check_size(node, shape, a.dtype)
+    if c is not None:
+        _broadcasts_to(node, "C", c, shape)
     out = jnp.matmul(a, b)
     alpha, beta = node["alpha"], node["beta"]
     if alpha != 1.0:
         out = out * np.asarray(alpha, out.dtype)
     if c is not None:
-        _broadcast_check(node, out, c)
         out = out + (c if beta == 1.0 else c * np.asarray(beta, c.dtype))
     return out
 
@@ -692,6 +697,18 @@ def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) 
     _same_dtype(node, scale, bias)
     _same_dtype(node, mean, var)
     rank = np.ndim(x)
+    if rank < 2:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, ...)")
+    # per channel; before opset 9, spatial=0 kept statistics per activation (C, D1, ...)
+    shapes = [(x.shape[1],)]
+    if node.opset < 9 and not node.get("spatial", 1):
+        shapes.append(tuple(x.shape[1:]))
+    for name, value in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
+        if tuple(np.shape(value)) not in shapes:
+            raise ValueError(
+                f"{node.where}: {name} of shape {list(np.shape(value))} does not fit X of shape "
+                f"{list(x.shape)} (it must be {' or '.join(str(list(t)) for t in shapes)})"
+            )
     eps = node["epsilon"]
     if node.opset >= 14:
         training = bool(node.get("training_mode", 0))
@@ -718,6 +735,14 @@ def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) 
 
 @register("InstanceNormalization")
 def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
+    if np.ndim(x) < 3:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, D1, ...)")
+    for name, value in (("scale", scale), ("B", bias)):
+        if tuple(np.shape(value)) != (x.shape[1],):
+            raise ValueError(
+                f"{node.where}: {name} of shape {list(np.shape(value))} must be the {x.shape[1]} "
+                f"channels of X of shape {list(x.shape)}"
+            )
     axes = tuple(range(2, x.ndim))
     mean = jnp.mean(x, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
@@ -729,6 +754,9 @@ def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
 def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
     rank = x.ndim
     axis = _axis(int(node["axis"]), rank, node.where)
+    _broadcasts_to(node, "Scale", scale, x.shape)
+    if bias is not None:
+        _broadcasts_to(node, "B", bias, x.shape)
     stash = tensor_dtype(node["stash_type"], node.where)
     axes = tuple(range(axis, rank))
     xs = x.astype(_canonical(stash))
