@@ -28,9 +28,27 @@ from onnx_optax._src.ops.arrays import (
     _cast,
     _same_dtype,
     _xp,
+    check_size,
     is_static,
 )
 from onnx_optax._src.ops.registry import Node, register
+
+# TODO(ops): shared with reductions.py; belongs in arrays.py beside _xp (the other session's).
+HOST_FOLD_ELEMENTS = 1 << 16  # as ConstantOfShape: larger results are computed on the device
+
+
+def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
+    """numpy for a small result of static values (shape arithmetic folds while tracing),
+    else jax.numpy, after checking the result's size against the node's limit.
+
+    A large result of constants is staged into the computation like any other, so
+    the host never allocates it while tracing (16 GiB of MatMul from two constant
+    vectors was a MemoryError) nor does it become a literal in the compiled program.
+    """
+    check_size(node, shape, dtype)
+    small = math.prod(int(d) for d in shape) <= HOST_FOLD_ELEMENTS
+    return _xp(*values) if small else jnp
+
 
 # ----------------------------------------------------------------------------- activations
 
@@ -119,6 +137,8 @@ register("LogSoftmax")(_softmax_like(jax.nn.log_softmax))
 
 
 def _hardmax(x: Any, axis: int) -> Any:
+    if x.shape[axis] == 0:  # nothing to pick: the empty result onnxruntime gives
+        return jnp.zeros(x.shape, x.dtype)
     index = jnp.argmax(x, axis=axis, keepdims=True)
     positions = lax.broadcasted_iota(index.dtype, x.shape, axis)
     return (positions == index).astype(x.dtype)
@@ -130,20 +150,51 @@ register("Hardmax")(_softmax_like(_hardmax))
 # ----------------------------------------------------------------------------- linear algebra
 
 
+def _broadcasts_to(node: Node, name: str, value: Any, shape: Sequence[int]) -> None:
+    """Refuses ``value`` unless it broadcasts to ``shape`` one way (the result keeps ``shape``)."""
+    target = tuple(int(d) for d in shape)
+    try:
+        fits = np.broadcast_shapes(target, tuple(np.shape(value))) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{node.where}: {name} of shape {list(np.shape(value))} does not broadcast to "
+            f"{list(target)}"
+        )
+
+
+def _matmul_shape(node: Node, a: Any, b: Any) -> list[int]:
+    """numpy.matmul's output shape, computed before anything is multiplied."""
+    sa, sb = list(np.shape(a)), list(np.shape(b))
+    if not sa or not sb or (sa[-1] != (sb[-2] if len(sb) > 1 else sb[0])):
+        raise ValueError(f"{node.where}: MatMul of shapes {sa} and {sb} do not match")
+    try:
+        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"{node.where}: MatMul of shapes {sa} and {sb}: their batch dimensions do not broadcast"
+        ) from None
+    return [*batch, *sa[-2:-1], *(sb[-1:] if len(sb) > 1 else [])]
+
+
 @register("MatMul")
 def _matmul(node: Node, a: Any, b: Any) -> Any:
     _same_dtype(node, a, b)
-    try:
-        return _xp(a, b).matmul(a, b)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"{node.where}: MatMul of shapes {list(a.shape)} and {list(b.shape)}: {error}"
-        ) from None
+    return _xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
 
 
 @register("Gemm")
 def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
     _same_dtype(node, a, b, c)
+    for name in ("transA", "transB"):
+        if node[name] not in (0, 1):
+            raise ValueError(f"{node.where}: {name} {node[name]} must be 0 or 1")
+    if np.ndim(a) != 2 or np.ndim(b) != 2:
+        raise ValueError(
+            f"{node.where}: Gemm needs 2-D A and B, got shapes {list(np.shape(a))} and "
+            f"{list(np.shape(b))}"
+        )
     if node["transA"]:
         a = a.T
     if node["transB"]:
@@ -153,12 +204,15 @@ def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
             f"{node.where}: Gemm of shapes {list(a.shape)} and {list(b.shape)} (after transA, "
             "transB) do not match"
         )
+    shape = (a.shape[0], b.shape[1])
+    check_size(node, shape, a.dtype)
+    if c is not None:
+        _broadcasts_to(node, "C", c, shape)
     out = jnp.matmul(a, b)
     alpha, beta = node["alpha"], node["beta"]
     if alpha != 1.0:
         out = out * np.asarray(alpha, out.dtype)
     if c is not None:
-        _broadcast_check(node, out, c)
         out = out + (c if beta == 1.0 else c * np.asarray(beta, c.dtype))
     return out
 
@@ -170,27 +224,54 @@ def _einsum(node: Node, *xs: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- conv and pools
+#
+# Every geometry is checked and the output shape computed in Python ints before lax is
+# called: a zero or negative stride, dilation, kernel or group, a negative pad, a window
+# larger than the padded input and an output over the tensor limit are refused with the
+# node, the attribute and the shapes (onnxruntime refuses each of them too), instead of a
+# ZeroDivisionError, an XLA abort on an overflowing shape or an empty or shifted result.
+
+
+def _attr_ints(node: Node, name: str, n: int, default: int, minimum: int) -> list[int]:
+    """An ints attribute of ``n`` entries (``default`` each when absent), each >= ``minimum``."""
+    given = node.get(name)
+    values = [int(v) for v in given] if given else [default] * n
+    if len(values) != n:
+        raise ValueError(
+            f"{node.where}: {name} {values} has {len(values)} entries; {n} expected "
+            f"({n // 2 if name == 'pads' else n} spatial axes)"
+        )
+    if any(v < minimum for v in values):
+        bound = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{node.where}: {name} {values} must all be {bound}")
+    return values
+
+
+def _spans(kernel: Sequence[int], dilations: Sequence[int]) -> list[int]:
+    """Each window's extent over the (padded) input: (k - 1) * d + 1."""
+    return [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
 
 
 def _window(node: Node, x: Any, kernel: Sequence[int]) -> tuple[Any, Any, Any]:
     """Strides, dilations and (begin, end) pads of a conv or pool over x's spatial axes."""
     n = len(kernel)
-    spatial = x.shape[2:]
-    strides = list(node.get("strides") or [1] * n)
-    dilations = list(node.get("dilations") or [1] * n)
-    pads = list(node.get("pads") or [0] * (2 * n))
-    if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
+    if np.ndim(x) != n + 2:
         raise ValueError(
-            f"{node.where}: strides {strides}, dilations {dilations} and pads {pads} do not fit "
-            f"{n} spatial axes"
+            f"{node.where}: X of shape {list(np.shape(x))} has {np.ndim(x) - 2} spatial axes, "
+            f"the kernel {list(kernel)} has {n}"
         )
+    if any(k < 1 for k in kernel):
+        raise ValueError(f"{node.where}: kernel_shape {list(kernel)} must all be positive")
+    spatial = x.shape[2:]
+    strides = _attr_ints(node, "strides", n, 1, 1)
+    dilations = _attr_ints(node, "dilations", n, 1, 1)
+    pads = _attr_ints(node, "pads", 2 * n, 0, 0)
     auto_pad = node.get("auto_pad", "NOTSET")
     padding = [(pads[i], pads[i + n]) for i in range(n)]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         padding = []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
-            out = -(-size // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        for size, s, span in zip(spatial, strides, _spans(kernel, dilations), strict=True):
+            total = max((-(-size // s) - 1) * s + span - size, 0)
             small, big = total // 2, total - total // 2
             padding.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
     elif auto_pad == "VALID":
@@ -198,6 +279,36 @@ def _window(node: Node, x: Any, kernel: Sequence[int]) -> tuple[Any, Any, Any]:
     elif auto_pad != "NOTSET":
         raise ValueError(f"{node.where}: unknown auto_pad {auto_pad!r}")
     return strides, dilations, padding
+
+
+def _group(node: Node) -> int:
+    group = int(node["group"])
+    if group < 1:
+        raise ValueError(f"{node.where}: group {group} must be positive")
+    return group
+
+
+def _kernel_of(node: Node, w: Any) -> list[int]:
+    """The kernel: W's spatial dims, which a kernel_shape attribute must repeat."""
+    kernel = [int(d) for d in w.shape[2:]]
+    given = node.get("kernel_shape")
+    if given and [int(k) for k in given] != kernel:
+        raise ValueError(
+            f"{node.where}: kernel_shape {list(given)} does not match W of shape {list(w.shape)}"
+        )
+    return kernel
+
+
+def _bias_check(node: Node, b: Any, m: int) -> None:
+    if b is not None and tuple(np.shape(b)) != (m,):
+        raise ValueError(
+            f"{node.where}: B of shape {list(np.shape(b))} must be 1-D of the {m} output channels"
+        )
+
+
+def _empty(shape: Sequence[int], dtype: Any) -> Any:
+    """An output with a zero dimension (onnxruntime's result for a window with no position)."""
+    return jnp.zeros(tuple(shape), dtype)
 
 
 @register("Conv")
@@ -208,14 +319,28 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
             f"{node.where}: Conv needs X (N, C, ...) and W of the same rank, got shapes "
             f"{list(np.shape(x))} and {list(np.shape(w))}"
         )
-    kernel = list(node.get("kernel_shape") or w.shape[2:])
+    kernel = _kernel_of(node, w)
     strides, dilations, padding = _window(node, x, kernel)
-    group = int(node["group"])
-    if x.shape[1] != w.shape[1] * group:
+    group = _group(node)
+    m = w.shape[0]
+    if x.shape[1] != w.shape[1] * group or m % group:
         raise ValueError(
-            f"{node.where}: X has {x.shape[1]} channels, W expects {w.shape[1]} x group {group}"
+            f"{node.where}: X of shape {list(x.shape)} and W of shape {list(w.shape)} do not "
+            f"fit group {group} (X's channels must be W.shape[1] x group, W.shape[0] a multiple "
+            "of group)"
         )
-    out = lax.conv_general_dilated(
+    _bias_check(node, b, m)
+    out = [x.shape[0], m]
+    spans = _spans(kernel, dilations)
+    for size, s, span, (lo, hi) in zip(x.shape[2:], strides, spans, padding, strict=True):
+        if size + lo + hi < span:  # onnxruntime: "Invalid input shape"
+            raise ValueError(
+                f"{node.where}: the kernel {kernel} (dilations {dilations}) spans more than X of "
+                f"shape {list(x.shape)} padded by {padding}"
+            )
+        out.append((size + lo + hi - span) // s + 1)
+    check_size(node, out, x.dtype)
+    y = lax.conv_general_dilated(
         x,
         w,
         window_strides=strides,
@@ -224,58 +349,107 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         feature_group_count=group,
     )
     if b is not None:
-        out = out + b.reshape((-1,) + (1,) * (out.ndim - 2))
-    return out
+        y = y + b.reshape((-1,) + (1,) * (y.ndim - 2))
+    return y
+
+
+def _transpose_geometry(
+    node: Node, x: Any, kernel: Sequence[int], w_out: int
+) -> tuple[list[int], list[int], list[tuple[int, int]], list[int], list[int]]:
+    """Strides, dilations, pads, output_padding and output size of a ConvTranspose.
+
+    As onnxruntime: an ``output_shape`` larger than the natural size is reached by
+    zeros at the end (pads stay 0); ``output_padding`` plus that excess must stay
+    below the stride (else no forward Conv of the output gives back X's size), and
+    every output dimension must be positive.
+    """
+    n = np.ndim(x) - 2
+    strides, dilations, padding = _window(node, x, kernel)
+    output_padding = _attr_ints(node, "output_padding", n, 0, 0)
+    auto_pad = node.get("auto_pad", "NOTSET")
+    output_shape = node.get("output_shape")
+    if output_shape is not None:
+        output_shape = [int(v) for v in output_shape]
+        if len(output_shape) != n or any(v < 0 for v in output_shape):
+            raise ValueError(
+                f"{node.where}: output_shape {output_shape} must give the {n} spatial "
+                "dimensions, none negative"
+            )
+    pads: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    naturals: list[int] = []
+    for i, (size, s, span, adj) in enumerate(
+        zip(x.shape[2:], strides, _spans(kernel, dilations), output_padding, strict=True)
+    ):
+        natural = s * (size - 1) + adj + span
+        excess = 0
+        if output_shape is not None:
+            total = natural - output_shape[i]
+            excess = max(-total, 0)
+            total = max(total, 0)
+            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pads.append((first, total - first))
+            sizes.append(output_shape[i])
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            total = natural - size * s  # below 0 (a kernel shorter than the stride): as the spec
+            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pads.append((first, total - first))
+            sizes.append(size * s)
+        else:
+            lo, hi = (0, 0) if auto_pad == "VALID" else padding[i]
+            pads.append((lo, hi))
+            sizes.append(natural - lo - hi)
+        if adj + excess >= s:  # no forward Conv of the output would give back X's size
+            beyond = "" if output_shape is None else f" plus output_shape {output_shape}'s excess"
+            raise ValueError(
+                f"{node.where}: output_padding {output_padding}{beyond} must stay below the "
+                f"strides {strides} for X of shape {list(x.shape)}"
+            )
+        naturals.append(natural)
+        if sizes[-1] <= 0:
+            raise ValueError(
+                f"{node.where}: X of shape {list(x.shape)} with kernel {list(kernel)}, strides "
+                f"{strides}, dilations {dilations} and pads {pads[-1]} gives an output dimension "
+                f"of {sizes[-1]}"
+            )
+    # XLA shapes the whole dilated input before the pads crop it: an overflowing length aborts
+    check_size(node, [x.shape[0], w_out, *naturals], x.dtype, "uncropped output")
+    return strides, dilations, pads, output_padding, sizes
 
 
 @register("ConvTranspose")
 def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     _same_dtype(node, x, w, b)
+    if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: ConvTranspose needs X (N, C, ...) and W of the same rank, got "
+            f"shapes {list(np.shape(x))} and {list(np.shape(w))}"
+        )
     n = np.ndim(x) - 2
-    kernel = list(node.get("kernel_shape") or w.shape[2:])
-    strides = list(node.get("strides") or [1] * n)
-    dilations = list(node.get("dilations") or [1] * n)
-    output_padding = list(node.get("output_padding") or [0] * n)
-    pads = list(node.get("pads") or [0] * (2 * n))
-    group = int(node["group"])
-    spatial = x.shape[2:]
-    auto_pad = node.get("auto_pad", "NOTSET")
-    output_shape = node.get("output_shape")
-    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        if output_shape is None:
-            output_shape = [size * s for size, s in zip(spatial, strides, strict=True)]
-        output_shape = list(output_shape)[-n:]
-        pads = [0] * (2 * n)
-        for i in range(n):
-            total = (
-                strides[i] * (spatial[i] - 1)
-                + output_padding[i]
-                + (kernel[i] - 1) * dilations[i]
-                + 1
-                - output_shape[i]
-            )
-            if auto_pad == "SAME_UPPER":
-                pads[i], pads[i + n] = total // 2, total - total // 2
-            else:
-                pads[i], pads[i + n] = total - total // 2, total // 2
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * n)
-    c_in = w.shape[0]
-    m_per_group = w.shape[1]
+    kernel = _kernel_of(node, w)
+    group = _group(node)
+    c_in, m_per_group = w.shape[0], w.shape[1]
+    if x.shape[1] != c_in or c_in % group:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} and W of shape {list(w.shape)} do not "
+            f"fit group {group} (W.shape[0] must be X's channels, a multiple of group)"
+        )
+    _bias_check(node, b, m_per_group * group)
+    strides, dilations, pads, _, sizes = _transpose_geometry(node, x, kernel, m_per_group * group)
+    check_size(node, [x.shape[0], m_per_group * group, *sizes], x.dtype)
     # W (C, M/g, k...) -> (M, C/g, k...), spatially flipped: a dilated forward conv
     kernel_w = w.reshape((group, c_in // group, m_per_group, *w.shape[2:]))
     kernel_w = jnp.swapaxes(kernel_w, 1, 2).reshape(
         (group * m_per_group, c_in // group, *w.shape[2:])
     )
     kernel_w = jnp.flip(kernel_w, axis=tuple(range(2, 2 + n)))
-    padding = [
-        (
-            dilations[i] * (kernel[i] - 1) - pads[i],
-            dilations[i] * (kernel[i] - 1) - pads[i + n] + output_padding[i],
-        )
-        for i in range(n)
-    ]
-    out = lax.conv_general_dilated(
+    spans = _spans(kernel, dilations)
+    padding = []
+    for size, s, span, (lo, _), out in zip(x.shape[2:], strides, spans, pads, sizes, strict=True):
+        before = span - 1 - lo
+        # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
+        padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
+    y = lax.conv_general_dilated(
         x,
         kernel_w,
         window_strides=[1] * n,
@@ -285,51 +459,167 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         feature_group_count=group,
     )
     if b is not None:
-        out = out + b.reshape((-1,) + (1,) * n)
-    return out
+        y = y + b.reshape((-1,) + (1,) * n)
+    return y
+
+
+def _pooled_input(node: Node, x: Any) -> None:
+    """onnxruntime's rule for every pool: X is (N, C, D1, ...) and only N may be zero."""
+    if np.ndim(x) < 3:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, D1, ...)")
+    if x.shape[0] and 0 in x.shape[1:]:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} is empty; only its batch axis may be 0"
+        )
 
 
 def _pool_geometry(
     node: Node, x: Any
-) -> tuple[list[int], list[int], list[int], list[Any], list[Any]]:
-    """Kernel, strides, dilations, explicit pads and the extra end pads of ceil_mode."""
-    kernel = list(node["kernel_shape"])
+) -> tuple[list[int], list[int], list[int], list[Any], list[Any], list[int]]:
+    """Kernel, strides, dilations, pads, the extra end pads past them, the output's spatial size.
+
+    Output sizes as onnxruntime computes them: ``(L - span) / s`` rounded toward
+    zero (up with ceil_mode), plus 1, where L is the padded length. A window larger
+    than the padded input thus still gives one window while ``L - span > -s`` (it
+    reads past the pads, as a ceil_mode window does: the extra end pads, never
+    counted), none at exactly ``-s``, and is refused below. With ceil_mode a last
+    window starting in the end padding is dropped.
+    """
+    _pooled_input(node, x)
+    kernel = [int(k) for k in node["kernel_shape"]]
     strides, dilations, padding = _window(node, x, kernel)
-    extra = [(0, 0)] * len(kernel)
-    if node.get("ceil_mode", 0):
-        extra = []
-        for size, k, s, d, (lo, hi) in zip(
-            x.shape[2:], kernel, strides, dilations, padding, strict=True
-        ):
-            span = (k - 1) * d + 1
-            out = -(-(size + lo + hi - span) // s) + 1
-            if (out - 1) * s >= size + lo:  # the last window would start in the end padding
-                out -= 1
-            extra.append((0, max((out - 1) * s + span - (size + lo + hi), 0)))
-    return kernel, strides, dilations, padding, extra
+    given = [int(p) for p in node.get("pads") or []]
+    if any(p >= kernel[i % len(kernel)] for i, p in enumerate(given)):
+        raise ValueError(  # as onnxruntime: a window could lie wholly in the padding
+            f"{node.where}: pads {given} must be smaller than kernel_shape {kernel}"
+        )
+    auto_pad = node.get("auto_pad", "NOTSET")
+    ceil = bool(node.get("ceil_mode", 0))
+    extra, sizes = [], []
+    for axis, (size, s, span, (lo, hi)) in enumerate(
+        zip(x.shape[2:], strides, _spans(kernel, dilations), padding, strict=True)
+    ):
+        # The spec's SAME pad, clamped at 0 by _window. Below 0 the windows skip X's end;
+        # onnxruntime pads need / 2 (SAME_UPPER) or (need + 1) / 2 in front, rounded toward
+        # zero: when that is negative it starts AveragePool's windows late and refuses MaxPool.
+        need = (-(-size // s) - 1) * s + span - size
+        front = need if auto_pad == "SAME_UPPER" else need + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER") and front <= -2:
+            raise ValueError(
+                f"{node.where}: auto_pad {auto_pad} needs a negative pad ({need}) on spatial "
+                f"axis {axis} of X of shape {list(x.shape)} (kernel_shape {kernel}, strides "
+                f"{strides}, dilations {dilations}); give explicit pads instead"
+            )
+        length = size + lo + hi
+        room = length - span  # onnxruntime: room / s (toward zero, or up) + 1 windows
+        out = (-(-room // s) if ceil or room < 0 else room // s) + 1
+        if out < 0:
+            raise ValueError(
+                f"{node.where}: the window (kernel_shape {kernel}, dilations {dilations}) is "
+                f"larger than X of shape {list(x.shape)} padded by {padding}"
+            )
+        if ceil and out > 0 and (out - 1) * s >= size + lo:  # starts in the end padding
+            out -= 1
+        sizes.append(out)
+        extra.append((0, max((out - 1) * s + span - length, 0)))
+    return kernel, strides, dilations, padding, extra, sizes
 
 
-@register("MaxPool")
-def _max_pool(node: Node, x: Any) -> Any:
-    kernel, strides, dilations, padding, extra = _pool_geometry(node, x)
-    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+def _taps_on_x(
+    x: Any,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    padding: Sequence[Any],
+    extra: Sequence[Any],
+    axis: int,
+    include_pad: bool,
+    dtype: Any,
+) -> Any:
+    """How many taps of each window along one spatial axis fall on X (or, with
+    ``include_pad``, on X and its pads; never on the extra end pads), as an in-graph
+    1-D reduce_window over ones shaped to broadcast against the output."""
+    size, (lo, hi), more = x.shape[2 + axis], padding[axis], extra[axis][1]
+    length, pad = (size + lo + hi, (0, more)) if include_pad else (size, (lo, hi + more))
+    taps = lax.reduce_window(
+        jnp.ones((length,), dtype),
+        np.asarray(0, dtype),
+        lax.add,
+        window_dimensions=(kernel[axis],),
+        window_strides=(strides[axis],),
+        padding=(pad,),
+        window_dilation=(dilations[axis],),
+    )
+    return taps.reshape((-1,) + (1,) * (len(kernel) - 1 - axis))
+
+
+def _pool_window(
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    padding: Sequence[Any],
+    extra: Sequence[Any],
+) -> dict[str, Any]:
     pads = [(0, 0), (0, 0)] + [(p[0], p[1] + e[1]) for p, e in zip(padding, extra, strict=True)]
-    window = dict(
+    return dict(
         window_dimensions=(1, 1, *kernel),
         window_strides=(1, 1, *strides),
         padding=pads,
         window_dilation=(1, 1, *dilations),
     )
+
+
+def _flat_indices(node: Node, shape: Sequence[int], column_major: bool) -> Any:
+    """Each element's index in the flattened X (spatial axes column-major if asked), in-graph."""
+    dtype = _canonical(np.int64)
+    if math.prod(shape) - 1 > np.iinfo(dtype).max:
+        raise ValueError(
+            f"{node.where}: X of shape {list(shape)} has more elements than int32 indices "
+            "reach; enable 64-bit JAX (jax.config.update('jax_enable_x64', True))"
+        )
+    spatial = list(shape[2:])
+    if column_major:
+        steps = [math.prod(spatial[:i]) for i in range(len(spatial))]
+    else:
+        steps = [math.prod(spatial[i + 1 :]) for i in range(len(spatial))]
+    image = math.prod(spatial)
+    steps = [shape[1] * image, image, *steps]
+    flat = lax.broadcasted_iota(dtype, tuple(shape), 0) * np.asarray(steps[0], dtype)
+    for axis in range(1, len(shape)):
+        flat = flat + lax.broadcasted_iota(dtype, tuple(shape), axis) * np.asarray(
+            steps[axis], dtype
+        )
+    return flat
+
+
+@register("MaxPool")
+def _max_pool(node: Node, x: Any) -> Any:
+    kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
+    out_shape = [*x.shape[:2], *sizes]
+    check_size(node, out_shape, x.dtype)
+    if node.n_outputs > 1:
+        check_size(node, out_shape, np.int64, "Indices output")
+    if 0 in out_shape:
+        return (_empty(out_shape, x.dtype), _cast(np.zeros(out_shape, np.int64), np.int64))[
+            : node.n_outputs
+        ]
+    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    window = _pool_window(kernel, strides, dilations, padding, extra)
     values = lax.reduce_window(x, np.asarray(low, x.dtype), lax.max, **window)
+    # Taps dilated past a short axis can miss X: onnxruntime gives such a window the lowest
+    # finite value and index -1 (checked in-graph per axis only where that can happen)
+    on_x: Any = None
+    for axis, (size, d) in enumerate(zip(x.shape[2:], dilations, strict=True)):
+        if d > size:
+            taps = _taps_on_x(x, kernel, strides, dilations, padding, extra, axis, False, np.int32)
+            on_x = taps > 0 if on_x is None else on_x & (taps > 0)
+    if on_x is not None:
+        lowest = np.finfo(x.dtype).min if jnp.issubdtype(x.dtype, jnp.floating) else low
+        values = jnp.where(on_x, values, np.asarray(lowest, x.dtype))
     if node.n_outputs == 1:
         return values
     # Indices: each maximum's position in the flattened input (first one on ties)
-    spatial = x.shape[2:]
-    flat = np.arange(math.prod(x.shape), dtype=np.int32).reshape(x.shape)
-    if node.get("storage_order", 0):  # column-major over the spatial axes
-        per_image = np.arange(math.prod(spatial), dtype=np.int32).reshape(spatial[::-1]).T
-        images = np.arange(x.shape[0] * x.shape[1], dtype=np.int32) * math.prod(spatial)
-        flat = images.reshape(x.shape[:2] + (1,) * len(spatial)) + per_image
+    flat = _flat_indices(node, x.shape, bool(node.get("storage_order", 0)))
 
     def pick(a: Any, b: Any) -> Any:
         (va, ia), (vb, ib) = a, b
@@ -337,50 +627,60 @@ def _max_pool(node: Node, x: Any) -> Any:
         return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
     _, indices = lax.reduce_window(
-        (x, jnp.asarray(flat)),
-        (np.asarray(low, x.dtype), np.asarray(np.iinfo(np.int32).max, np.int32)),
+        (x, flat),
+        (np.asarray(low, x.dtype), np.asarray(np.iinfo(flat.dtype).max, flat.dtype)),
         pick,
         **window,
     )
+    if on_x is not None:
+        indices = jnp.where(on_x, indices, np.asarray(-1, indices.dtype))
     return values, _cast(indices, np.int64)
 
 
 @register("AveragePool")
 def _average_pool(node: Node, x: Any) -> Any:
-    kernel, strides, dilations, padding, extra = _pool_geometry(node, x)
-    pads = [(0, 0), (0, 0)] + [(p[0], p[1] + e[1]) for p, e in zip(padding, extra, strict=True)]
-    window = dict(
-        window_dimensions=(1, 1, *kernel),
-        window_strides=(1, 1, *strides),
-        padding=pads,
-        window_dilation=(1, 1, *dilations),
-    )
-    total = lax.reduce_window(x, np.asarray(0, x.dtype), lax.add, **window)
-    # How many elements each window averages: a box, so a product of 1-D counts (numpy)
+    """The windows' sums (``lax.reduce_window`` in x's dtype) over their element counts.
+
+    The count of a window is a product of 1-D counts, one per spatial axis, each
+    a small in-graph ``reduce_window`` over ones: the input's positions, or with
+    ``count_include_pad`` the padded ones (never ceil_mode's extra end). A count
+    that is the same for every window is one number.
+    """
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{node.where}: AveragePool needs a floating-point X, got {x.dtype}")
     include = bool(node.get("count_include_pad", 0))
-    count = np.ones((1, 1), np.float64)
-    for axis, (size, k, s, d, (lo, hi), (_, more)) in enumerate(
-        zip(x.shape[2:], kernel, strides, dilations, padding, extra, strict=True)
-    ):
-        inside = np.pad(np.ones(size), (lo, hi), constant_values=1.0 if include else 0.0)
-        inside = np.pad(inside, (0, more))
-        n_out = total.shape[2 + axis]
-        per_dim = np.array(
-            [inside[i * s : i * s + (k - 1) * d + 1 : d].sum() for i in range(n_out)]
-        )
-        count = count[..., None] * per_dim
-    return total / np.asarray(count, x.dtype)
+    kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
+    out_shape = [*x.shape[:2], *sizes]
+    check_size(node, out_shape, x.dtype)
+    if 0 in out_shape:
+        return _empty(out_shape, x.dtype)
+    window = _pool_window(kernel, strides, dilations, padding, extra)
+    total = lax.reduce_window(x, np.asarray(0, x.dtype), lax.add, **window)
+    wide = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)  # counts are exact
+    count: Any = np.asarray(1, wide)
+    for axis, (k, (lo, hi), (_, more)) in enumerate(zip(kernel, padding, extra, strict=True)):
+        if not (more if include else lo or hi or more):
+            count = count * np.asarray(k, wide)  # every window of this axis is whole
+        else:
+            taps = _taps_on_x(x, kernel, strides, dilations, padding, extra, axis, include, wide)
+            count = count * taps
+    if not is_static(count):
+        # a window whose dilated taps all miss X sums to 0: onnxruntime's 0, not 0 / 0
+        count = jnp.maximum(count, np.asarray(1, wide))
+    return total / count.astype(x.dtype)
 
 
 @register("GlobalAveragePool")
 def _global_average_pool(node: Node, x: Any) -> Any:
-    del node
+    _pooled_input(node, x)
     return jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
 @register("GlobalMaxPool")
 def _global_max_pool(node: Node, x: Any) -> Any:
-    del node
+    _pooled_input(node, x)
+    if x.shape[0] == 0:
+        return _empty([*x.shape[:2]] + [1] * (x.ndim - 2), x.dtype)
     return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
@@ -397,6 +697,18 @@ def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) 
     _same_dtype(node, scale, bias)
     _same_dtype(node, mean, var)
     rank = np.ndim(x)
+    if rank < 2:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, ...)")
+    # per channel; before opset 9, spatial=0 kept statistics per activation (C, D1, ...)
+    shapes = [(x.shape[1],)]
+    if node.opset < 9 and not node.get("spatial", 1):
+        shapes.append(tuple(x.shape[1:]))
+    for name, value in (("scale", scale), ("B", bias), ("input_mean", mean), ("input_var", var)):
+        if tuple(np.shape(value)) not in shapes:
+            raise ValueError(
+                f"{node.where}: {name} of shape {list(np.shape(value))} does not fit X of shape "
+                f"{list(x.shape)} (it must be {' or '.join(str(list(t)) for t in shapes)})"
+            )
     eps = node["epsilon"]
     if node.opset >= 14:
         training = bool(node.get("training_mode", 0))
@@ -423,6 +735,14 @@ def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) 
 
 @register("InstanceNormalization")
 def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
+    if np.ndim(x) < 3:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, D1, ...)")
+    for name, value in (("scale", scale), ("B", bias)):
+        if tuple(np.shape(value)) != (x.shape[1],):
+            raise ValueError(
+                f"{node.where}: {name} of shape {list(np.shape(value))} must be the {x.shape[1]} "
+                f"channels of X of shape {list(x.shape)}"
+            )
     axes = tuple(range(2, x.ndim))
     mean = jnp.mean(x, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
@@ -434,6 +754,9 @@ def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
 def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
     rank = x.ndim
     axis = _axis(int(node["axis"]), rank, node.where)
+    _broadcasts_to(node, "Scale", scale, x.shape)
+    if bias is not None:
+        _broadcasts_to(node, "B", bias, x.shape)
     stash = tensor_dtype(node["stash_type"], node.where)
     axes = tuple(range(axis, rank))
     xs = x.astype(_canonical(stash))
@@ -454,5 +777,6 @@ def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -
         raise ValueError(
             f"{node.where}: Dropout in training mode is not supported (inference only)"
         )
-    mask = np.ones(x.shape, bool) if node.opset >= 10 else np.ones(x.shape, x.dtype)
+    xp = _xp(x)  # a mask of a traced X is built in-graph, not as a host constant
+    mask = xp.ones(x.shape, bool) if node.opset >= 10 else xp.ones(x.shape, x.dtype)
     return (x, mask)[: node.n_outputs]

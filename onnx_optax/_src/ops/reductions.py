@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from onnx_optax._src.ops.arrays import _axes, _axes_of, _axis, _cast, _xp
+from onnx_optax._src.ops.nn import _xp_sized
 from onnx_optax._src.ops.registry import Node, register
 
 
@@ -30,18 +31,19 @@ def _reduction(
                 return x
             picked = list(range(np.ndim(x)))
         picked_ = _axes(picked, np.ndim(x), node.where)
-        xp = _xp(x)
+        # an empty X reduces to an output larger than itself: sized before anything fills it
+        shape = [1 if a in picked_ else d for a, d in enumerate(x.shape)]
+        xp = _xp_sized(node, shape if keepdims else _kept(x.shape, picked_), x.dtype, x)
         if any(x.shape[a] == 0 for a in picked_) and empty is not None:
-            shape = [1 if a in picked_ else d for a, d in enumerate(x.shape)]
             out = xp.full(shape, empty(x.dtype), x.dtype)
-            return (
-                out
-                if keepdims
-                else out.reshape([d for a, d in enumerate(x.shape) if a not in picked_])
-            )
+            return out if keepdims else out.reshape(_kept(x.shape, picked_))
         return fn(xp, x, picked_, keepdims)
 
     return run
+
+
+def _kept(shape: Any, axes: Any) -> list[int]:
+    return [d for a, d in enumerate(shape) if a not in axes]
 
 
 def _low(dtype: Any) -> Any:
@@ -87,6 +89,11 @@ def _arg(fn_name: str) -> Callable[..., Any]:
     def run(node: Node, x: Any) -> Any:
         axis = _axis(int(node["axis"]), np.ndim(x), node.where)
         keepdims = bool(node["keepdims"])
+        if x.shape[axis] == 0:
+            raise ValueError(
+                f"{node.where}: axis {axis} of X of shape {list(x.shape)} is empty; it has no "
+                f"{fn_name[3:]}imum to point at"
+            )
         xp = _xp(x)
         if node.get("select_last_index", 0):
             flipped = xp.flip(x, axis=axis)
