@@ -108,6 +108,24 @@ def check_size(node: Node, shape: Sequence[Any], dtype: Any, what: str = "output
         )
 
 
+# Results of static values up to this many elements are computed on the host while tracing;
+# larger ones are staged on the device (never a host allocation, never a literal).
+HOST_FOLD_ELEMENTS = 1 << 16
+
+
+def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
+    """numpy for a small result of static values (shape arithmetic folds while tracing),
+    else jax.numpy, after checking the result's size against the node's limit.
+
+    A large result of constants is staged into the computation like any other, so
+    the host never allocates it while tracing (16 GiB of MatMul from two constant
+    vectors was a MemoryError) nor does it become a literal in the compiled program.
+    """
+    check_size(node, shape, dtype)
+    small = math.prod(int(d) for d in shape) <= HOST_FOLD_ELEMENTS
+    return _xp(*values) if small else jnp
+
+
 def _is_int(x: Any) -> bool:
     return bool(np.issubdtype(np.dtype(x.dtype), np.integer))
 

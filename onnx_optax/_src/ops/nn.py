@@ -28,28 +28,13 @@ from onnx_optax._src.ops.arrays import (
     _cast,
     _same_dtype,
     _xp,
+    _xp_sized,
     check_size,
     is_static,
 )
 from onnx_optax._src.ops.registry import Node, register
 
 # TODO(ops): shared with reductions.py; belongs in arrays.py beside _xp (the other session's).
-HOST_FOLD_ELEMENTS = 1 << 16  # as ConstantOfShape: larger results are computed on the device
-
-
-def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
-    """numpy for a small result of static values (shape arithmetic folds while tracing),
-    else jax.numpy, after checking the result's size against the node's limit.
-
-    A large result of constants is staged into the computation like any other, so
-    the host never allocates it while tracing (16 GiB of MatMul from two constant
-    vectors was a MemoryError) nor does it become a literal in the compiled program.
-    """
-    check_size(node, shape, dtype)
-    small = math.prod(int(d) for d in shape) <= HOST_FOLD_ELEMENTS
-    return _xp(*values) if small else jnp
-
-
 # ----------------------------------------------------------------------------- activations
 
 

@@ -15,8 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from onnx_optax._src.ops.arrays import _axes, _axes_of, _axis, _cast, _xp
-from onnx_optax._src.ops.nn import _xp_sized
+from onnx_optax._src.ops.arrays import _axes, _axes_of, _axis, _cast, _xp, _xp_sized
 from onnx_optax._src.ops.registry import Node, register
 
 

@@ -19,6 +19,7 @@ from jax import lax
 
 from onnx_optax._src.onnx_tensors import refuse_narrowing
 from onnx_optax._src.ops.arrays import (
+    HOST_FOLD_ELEMENTS,
     _axes,
     _axes_of,
     _axis,
@@ -67,7 +68,7 @@ def _constant_of_shape(node: Node, shape: Any) -> Any:
     if any(d < 0 for d in dims):
         raise ValueError(f"{node.where}: negative dimension in shape {dims}")
     check_size(node, dims, fill.dtype)
-    if math.prod(dims) > 1 << 16:  # big fills are computed on the device, not embedded
+    if math.prod(dims) > HOST_FOLD_ELEMENTS:  # big fills are computed on the device
         refuse_narrowing(f"{node.where}: attribute 'value'", fill)
         return jnp.full(dims, fill[0], _canonical(fill.dtype))
     return np.full(dims, fill[0], fill.dtype)
