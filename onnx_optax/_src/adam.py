@@ -53,6 +53,7 @@ class _Scalars(NamedTuple):
     norm_coefficient: jax.Array | None  # None: known zero, X not read
     norm_coefficient_post: jax.Array | None  # None: known zero
     r_adjusted: jax.Array  # R_adjusted = T > 0 ? R sqrt(1 - beta**T) / (1 - alpha**T) : R
+    zero: jax.Array  # driver.run_time_zero: rounds the gradient terms apart
 
 
 def _scalars(a: AdamAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
@@ -65,14 +66,17 @@ def _scalars(a: AdamAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) ->
         norm_coefficient=cast(a.norm_coefficient, dtype),
         norm_coefficient_post=cast(a.norm_coefficient_post, dtype),
         r_adjusted=jnp.where(T > 0, corrected, R),
+        zero=driver.run_time_zero(T, dtype),
     )
 
 
 def _new_state(
     s: _Scalars, g_r: jax.Array, v: jax.Array, h: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    v_new = s.alpha * v + (1 - s.alpha) * g_r
-    h_new = s.beta * h + (1 - s.beta) * g_r * g_r
+    # One FMA each, of the decayed state and the rounded gradient term, on every
+    # path (driver.rounded).
+    v_new = s.alpha * v + driver.rounded((1 - s.alpha) * g_r, s.zero)
+    h_new = s.beta * h + driver.rounded((1 - s.beta) * g_r * g_r, s.zero)
     return v_new, h_new
 
 

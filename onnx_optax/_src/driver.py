@@ -172,26 +172,99 @@ def regularized_gradient(
     return norm_coefficient * x + g
 
 
+def run_time_zero(T: jax.Array, dtype: Any) -> jax.Array:
+    """An integer 0 as wide as ``dtype`` that the compiler cannot tell is 0.
+
+    ``T < 0`` is false for every update count (T >= 0 is checked wherever it
+    is known); computed from the run-time T, it keeps :func:`rounded` from
+    being folded away.
+    """
+    return (T < 0).astype(jnp.int64 if jnp.dtype(dtype).itemsize == 8 else jnp.int32)
+
+
+def rounded(product: jax.Array, zero: jax.Array) -> jax.Array:
+    """``product`` rounded on its own, never fused into an FMA by the sum that reads it.
+
+    XLA (on CPU and GPU) contracts a multiply followed by an add into one fused
+    multiply-add. In ``a*b + c*d`` either product can be the fused one; LLVM
+    picks by the order of the operands after its own canonicalization, which
+    depends on the code around the kernel (a constant attribute, the
+    concatenation of a packed buffer, a vmap). The two choices differ in the
+    last bit, and by many ulp where the sum cancels. Passing one product
+    through an integer OR with ``zero`` (:func:`run_time_zero`, one vector
+    instruction, a no-op) hides it from the contraction, so the sum is the same
+    FMA of the other product on every path. Only sums of two products need it:
+    a sum with one product has one way to fuse.
+    """
+    bits = jax.lax.bitcast_convert_type(product, zero.dtype)
+    return jax.lax.bitcast_convert_type(bits | zero, product.dtype)
+
+
 # --------------------------------------------------------------------------
-# Attributes: which are compile-time structure, which are data
+# Attributes: which are compile-time constants, which are data
 # --------------------------------------------------------------------------
 
 
-def _static(operator: Operator, attributes: Any) -> tuple[Any, ...]:
-    """Per attribute: its string (a choice), ``None`` (a zero optional X term) or _DYNAMIC."""
-    return tuple(
-        value
-        if name in operator.choices
-        else None
-        if name in operator.optional_x_terms and checks.is_static_zero(value)
-        else _DYNAMIC
-        for name, value in attributes._asdict().items()
-    )
+@dataclasses.dataclass(frozen=True)
+class _Constant:
+    """An attribute's number, known at trace time: compiled in as a constant.
+
+    Held as ``float.hex`` so that the compiled-function cache tells 0.0 from
+    -0.0 (which compare equal as floats).
+    """
+
+    hex: str
+
+    @property
+    def value(self) -> float:
+        return float.fromhex(self.hex)
+
+
+def _static(operator: Operator, attributes: Any, *, arrays: bool) -> tuple[Any, ...]:
+    """Per attribute: what the compiled update is specialized on.
+
+    Its string (a choice), ``None`` (a zero optional X term, left out), a
+    :class:`_Constant` (a number known at trace time), or _DYNAMIC (a traced
+    value, or a JAX array unless ``arrays``: data of the compiled update).
+
+    A number is a constant in every path, eager or under a caller's ``jit``
+    (where a Python number is a constant anyway), so both compile the same
+    kernel: XLA folds what depends only on constants (``1 - alpha``, Adam's
+    ``log1p(beta - 1)``) the same way in both, instead of folding it under
+    ``jit`` and evaluating it at run time eagerly, where its ``log1p``
+    rounds differently. The transformation keeps JAX arrays as data
+    (``arrays=False``), so that hyperparameters injected by
+    ``optax.inject_hyperparams`` and changed between eager calls do not
+    recompile; the op's attributes are ONNX constants (``arrays=True``).
+    """
+
+    def kind(name: str, value: Any) -> Any:
+        if name in operator.choices:
+            return value
+        if name in operator.optional_x_terms and checks.is_static_zero(value):
+            return None
+        if checks.is_traced(value) or (isinstance(value, jax.Array) and not arrays):
+            return _DYNAMIC
+        number = checks.scalar(value)
+        assert number is not None
+        return _Constant(float(number).hex())
+
+    return tuple(kind(name, value) for name, value in attributes._asdict().items())
 
 
 def _dynamic(attributes: Any, static: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(
         value if kind is _DYNAMIC else None for value, kind in zip(attributes, static, strict=True)
+    )
+
+
+def _attributes(operator: Operator, static: tuple[Any, ...], dynamic: tuple[Any, ...]) -> Any:
+    """The attributes a kernel reads, from their compile-time and run-time parts."""
+    return operator.attributes(
+        *(
+            d if s is _DYNAMIC else s.value if isinstance(s, _Constant) else s
+            for s, d in zip(static, dynamic, strict=True)
+        )
     )
 
 
@@ -266,9 +339,7 @@ def _apply(
     checks (the op checked its variadic inputs); otherwise the update to add to
     X (the transformation's), after checking that the trees line up.
     """
-    attributes = operator.attributes(
-        *(d if s is _DYNAMIC else s for s, d in zip(static, dynamic, strict=True))
-    )
+    attributes = _attributes(operator, static, dynamic)
     R = rate if schedule is None else schedule(count)
     if np.ndim(R) != 0:
         raise ValueError(
@@ -374,9 +445,9 @@ def transformation(
     checks.check_initial_count(where, initial_count)
     state_dtype = checks.check_accumulator_dtype(where, accumulator_dtype)
     packing = checks.check_pack_leaves_below(where, pack_leaves_below)
-    static = _static(operator, hyperparameters)
+    static = _static(operator, hyperparameters, arrays=False)
     reads_params = any(
-        kind is _DYNAMIC
+        kind is not None
         for name, kind in zip(hyperparameters._fields, static, strict=True)
         if name in operator.optional_x_terms
     )
@@ -429,7 +500,7 @@ def op(
     r = checks.check_learning_rate_input(where, R)
     t = checks.check_count_input(where, T)
     xs, gs, *states = checks.split_variadic(where, inputs, operator.groups)
-    static = _static(operator, attributes)
+    static = _static(operator, attributes, arrays=True)
     x_new, trees, _ = _apply(
         _dynamic(attributes, static),
         r,

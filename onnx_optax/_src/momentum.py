@@ -40,6 +40,7 @@ class _Scalars(NamedTuple):
     norm_coefficient: jax.Array | None  # None: known zero, X not read
     R: jax.Array
     nesterov: bool
+    zero: jax.Array  # driver.run_time_zero: rounds the gradient term apart
 
 
 def _scalars(a: MomentumAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
@@ -51,11 +52,13 @@ def _scalars(a: MomentumAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike
         cast(a.norm_coefficient, dtype),
         R,
         a.mode == "nesterov",
+        driver.run_time_zero(T, dtype),
     )
 
 
 def _new_state(s: _Scalars, g_r: jax.Array, v: jax.Array) -> tuple[jax.Array]:
-    return (s.alpha * v + s.beta_adjusted * g_r,)
+    # One FMA, alpha * V + round(beta_adjusted * G_r), on every path (driver.rounded).
+    return (s.alpha * v + driver.rounded(s.beta_adjusted * g_r, s.zero),)
 
 
 def _step(
