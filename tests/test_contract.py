@@ -84,6 +84,55 @@ def test_does_not_recompile(name: str) -> None:
         params, state = step(params, state, grads)
 
 
+@pytest.mark.parametrize("pack_leaves_below", [0, 100])
+@pytest.mark.parametrize("name", NAMES)
+def test_init_with_abstract_input(name: str, pack_leaves_below: int) -> None:
+    """As optax's own optimizers (``test_init_with_abstract_input`` in its alias tests).
+
+    ``init`` takes ``jax.ShapeDtypeStruct`` leaves (shape planning, sharding)
+    and returns the state it returns for arrays of those shapes: arrays, as
+    optax's ``init`` does, packed the same way. ``jax.eval_shape(tx.init,
+    params)`` gives that state's shapes and dtypes.
+    """
+    tx = _make(OPTIMIZERS[name], pack_leaves_below=pack_leaves_below)
+    abstract = jax.ShapeDtypeStruct((2, 4, 8), jnp.float32)
+    state = tx.init(abstract)
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
+    chex.assert_trees_all_equal(state, tx.init(jnp.ones((2, 4, 8))))
+
+    tree = {
+        "w": abstract,
+        "b": jax.ShapeDtypeStruct((8,), jnp.bfloat16),
+        "scale": jax.ShapeDtypeStruct((), jnp.float32),
+        "none": None,
+    }
+    params = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), tree)
+    state, expected = tx.init(tree), tx.init(params)
+    chex.assert_trees_all_equal(state, expected)
+    chex.assert_trees_all_equal_dtypes(state, expected)
+    if pack_leaves_below:
+        assert isinstance(getattr(state, OPTIMIZERS[name].state_names[0]), onnx_optax.PackedTree)
+    shapes = jax.eval_shape(tx.init, tree)
+    assert jax.tree.structure(shapes) == jax.tree.structure(expected)
+    assert [(s.shape, s.dtype) for s in jax.tree.leaves(shapes)] == [
+        (leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(expected)
+    ]
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, _ = tx.update(grads, state, params)
+    chex.assert_trees_all_equal_shapes_and_dtypes(updates, grads)
+
+
+def test_abstract_init_refuses_what_init_refuses() -> None:
+    tx = onnx_optax.adam(0.1)
+    with pytest.raises(TypeError, match="only floating-point tensors"):
+        tx.init(jax.ShapeDtypeStruct((3,), jnp.int32))
+    if not jax.config.read("jax_enable_x64"):
+        with pytest.raises(TypeError, match="needs 64-bit JAX"):
+            tx.init(jax.ShapeDtypeStruct((3,), jnp.float64))
+    with pytest.raises(TypeError, match="not an array"):
+        tx.init({"w": "weights"})
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_in_chain_equals_clipping_by_hand(name: str) -> None:
     optimizer = OPTIMIZERS[name]

@@ -146,10 +146,14 @@ SHARDING_SCRIPT = textwrap.dedent(
             (onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, norm_coefficient=0.01), ("v",)),
             (onnx_optax.nesterov(0.1, alpha=0.9, beta=0.5, norm_coefficient=0.0), ("v",)),
         ]:
-            # Eagerly, and under jit with explicit sharding, init follows the
-            # parameters' shardings. (Under jit in automatic mode the zeros have no
-            # operand to take a sharding from: call init outside jit there.)
-            inits = [tx.init(params)]
+            # Eagerly, from ShapeDtypeStructs (as optax's init), and under jit
+            # with explicit sharding, init follows the parameters' shardings.
+            # (Under jit in automatic mode the zeros have no operand to take a
+            # sharding from: call init outside jit there.)
+            abstract = jax.tree.map(
+                lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=p.sharding), params
+            )
+            inits = [tx.init(params), tx.init(abstract)]
             if mode == AxisType.Explicit:
                 inits.append(jax.jit(tx.init)(params))
             for state in inits:

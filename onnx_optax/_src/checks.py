@@ -207,18 +207,27 @@ def check_pack_leaves_below(where: str, pack_leaves_below: Any) -> int | None:
 # --------------------------------------------------------------------------
 
 
-def check_leaves(where: str, argument: str, tree: Any, *, floating: bool) -> None:
+def check_leaves(
+    where: str, argument: str, tree: Any, *, floating: bool, abstract: bool = False
+) -> None:
     """Every leaf must be an array (and, with ``floating``, a floating-point one).
 
-    A float64 numpy leaf without 64-bit JAX is refused, as the ops refuse it:
-    JAX would compute it in float32 (one rule for every entry point).
+    With ``abstract`` (``init``), a ``jax.ShapeDtypeStruct`` stands for an
+    array, as optax's own ``init`` accepts for shape planning and sharding. A
+    float64 leaf without 64-bit JAX is refused, as the ops refuse it: JAX would
+    compute it in float32 (one rule for every entry point).
     """
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         location = f"{argument}{jax.tree_util.keystr(path)}"
         if isinstance(leaf, np.ndarray | np.generic):
             refuse_truncation(f"{where}: {location}", leaf)
+        kinds: tuple[type, ...] = (jax.Array, np.ndarray, np.generic)
+        if abstract:
+            kinds = (*kinds, jax.ShapeDtypeStruct)
+            if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.shape:
+                refuse_truncation(f"{where}: {location}", np.empty(0, leaf.dtype))
         dtype = getattr(leaf, "dtype", None)
-        if not isinstance(leaf, jax.Array | np.ndarray | np.generic) or dtype is None:
+        if not isinstance(leaf, kinds) or dtype is None:
             if floating:
                 raise TypeError(f"{where}: {location} is a {type(leaf).__name__}, not an array")
             raise TypeError(

@@ -150,9 +150,11 @@ def init_state(
     """A state tree like ``params`` filled with ``fill``, in the accumulator dtype.
 
     With ``pack_leaves_below > 0`` it is a :class:`PackedTree` in which leaves
-    with fewer elements share one flat buffer per dtype.
+    with fewer elements share one flat buffer per dtype. A leaf of ``params``
+    may be a ``jax.ShapeDtypeStruct``: the state is made of arrays all the same
+    (zeros, or ``fill``, as optax's ``init`` makes them), with its sharding.
     """
-    checks.check_leaves(where, "params", params, floating=True)
+    checks.check_leaves(where, "params", params, floating=True, abstract=True)
 
     def dtype_of(p: jax.Array) -> jnp.dtype:
         return jnp.dtype(accumulator_dtype if accumulator_dtype is not None else p.dtype)
