@@ -44,8 +44,10 @@ def _attributes(name: str, dtype: str, rng: np.random.Generator) -> dict[str, An
     One set per dtype keeps the file fast (each set compiles every path). The
     float32 set has Momentum's alpha = 1, which XLA drops from ``alpha * V``
     when alpha is a compile-time constant, and Adagrad without decay or
-    regularization; Adam's float64 set has no post decay and epsilon > 0, where
-    ``apply_updates`` must give X_new exactly, and its float32 set a post decay.
+    regularization and with epsilon = 0, where XLA turns the division by
+    sqrt(H_new) into a multiplication by its reciprocal square root. Adam's
+    float64 set has no post decay, so that ``apply_updates`` must give X_new
+    exactly, and its float32 set a post decay.
     Adam's beta is one whose ``log1p(beta - 1)`` XLA rounds differently at run
     time than when it folds a constant (with libm's log1p, as numpy's): a path
     that folds the bias factor and one that computes it at run time disagree.
@@ -60,7 +62,7 @@ def _attributes(name: str, dtype: str, rng: np.random.Generator) -> dict[str, An
         attributes["beta"] = float((differs if differs.size else candidates)[0])
         attributes["norm_coefficient_post"] = f32(rng.uniform(0.01, 0.1)) if edge else 0.0
     elif name == "adagrad" and edge:
-        attributes.update(decay_factor=0.0, norm_coefficient=0.0)
+        attributes.update(decay_factor=0.0, epsilon=0.0, norm_coefficient=0.0)
     elif name in ("momentum", "nesterov") and edge:
         attributes.update(alpha=1.0, beta=f32(rng.uniform(0.1, 0.9)))
     return attributes
@@ -218,10 +220,9 @@ def _check_paths(
         new_updates, state = txs[0].update(gs, state, xs)
         return optax.apply_updates(xs, new_updates), state
 
+    # The update is exactly -step, X_new = X - step, unless a post decay makes
+    # it X_final - X.
     post = bool(attributes.get("norm_coefficient_post", 0.0))
-    # Adagrad and Adam (without a post decay) return exactly -step; Momentum's
-    # X - R*V_new is one FMA in the op, so only a fused step reproduces it.
-    exact_update = optimizer.name in ("adagrad", "adam") and not post
     for T in COUNTS:
         tensors = draw(T)
         flat = flatten(tensors)
@@ -255,7 +256,7 @@ def _check_paths(
             for k, field in enumerate(optimizer.state_names):
                 for i, leaf in enumerate(_state_leaves(getattr(new_state, field))):
                     _compare(failures, leaf, op_state[3 * k + i], f"{path} {field}[{i}], {where}")
-            if exact_update:  # applied in a jitted function of its own
+            if not post:  # applied in a jitted function of its own
                 for i, x_new in enumerate(_apply_updates(xs, new_updates)):
                     _compare(failures, x_new, op_x[i], f"{path} X + update [{i}], {where}")
 

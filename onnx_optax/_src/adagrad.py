@@ -35,11 +35,13 @@ class _Scalars(NamedTuple):
     epsilon: jax.Array
     norm_coefficient: jax.Array | None  # None: known zero, X not read
     r: jax.Array  # r = R / (1 + T * decay_factor)
+    zero: jax.Array  # driver.run_time_zero: for driver.rounded
 
 
 def _scalars(a: AdagradAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
     r = R / (1 + T.astype(dtype) * cast(a.decay_factor, dtype))
-    return _Scalars(cast(a.epsilon, dtype), cast(a.norm_coefficient, dtype), r)
+    zero = driver.run_time_zero(T, dtype)
+    return _Scalars(cast(a.epsilon, dtype), cast(a.norm_coefficient, dtype), r, zero)
 
 
 def _new_state(s: _Scalars, g_r: jax.Array, h: jax.Array) -> tuple[jax.Array]:
@@ -49,7 +51,7 @@ def _new_state(s: _Scalars, g_r: jax.Array, h: jax.Array) -> tuple[jax.Array]:
 def _step(
     s: _Scalars, x: jax.Array | None, g_r: jax.Array, h_new: jax.Array
 ) -> tuple[jax.Array, None]:
-    return s.r * g_r / (jnp.sqrt(h_new) + s.epsilon), None
+    return driver.rounded(s.r * g_r / (jnp.sqrt(h_new) + s.epsilon), s.zero), None
 
 
 # ----------------------------------------------------------- the transformation

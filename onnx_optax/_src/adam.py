@@ -53,7 +53,7 @@ class _Scalars(NamedTuple):
     norm_coefficient: jax.Array | None  # None: known zero, X not read
     norm_coefficient_post: jax.Array | None  # None: known zero
     r_adjusted: jax.Array  # R_adjusted = T > 0 ? R sqrt(1 - beta**T) / (1 - alpha**T) : R
-    zero: jax.Array  # driver.run_time_zero: rounds the gradient terms apart
+    zero: jax.Array  # driver.run_time_zero: for driver.rounded
 
 
 def _scalars(a: AdamAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
@@ -83,7 +83,7 @@ def _new_state(
 def _step(
     s: _Scalars, x: jax.Array | None, g_r: jax.Array, v_new: jax.Array, h_new: jax.Array
 ) -> tuple[jax.Array, jax.Array | None]:
-    step = s.r_adjusted * v_new / (jnp.sqrt(h_new) + s.epsilon)
+    step = driver.rounded(s.r_adjusted * v_new / (jnp.sqrt(h_new) + s.epsilon), s.zero)
     if s.norm_coefficient_post is None:
         return step, None
     assert x is not None

@@ -36,6 +36,17 @@ Dtype policy (the same for the ops and the transformations):
 * An attribute in ``Operator.optional_x_terms`` (``norm_coefficient``) that is
   known to be zero reaches the kernel as ``None``: its ``c * X`` term is left
   out rather than computed as ``0 * X``, so X need not be read.
+
+Rounding policy (every path computes the same operations in the same order):
+
+* An attribute given as a number is a compile-time constant of the compiled
+  update in every path, eager or under a caller's ``jit`` (see
+  :func:`_static`), so XLA folds the same scalar expressions in both.
+* XLA fuses a multiply and the add that reads it into one FMA, and where a sum
+  has two products LLVM picks the fused one by the code around the kernel.
+  The kernels pass one product of each such sum through :func:`rounded`, and
+  their step too, so that each sum has one way to fuse and ``X - step`` in the
+  op is exactly ``X + update`` as ``optax.apply_updates`` adds it.
 """
 
 from __future__ import annotations
@@ -81,6 +92,7 @@ class Operator:
     scalars: Callable[..., Any]  # (attributes, R, T, dtype) -> scalars of one update
     new_state: Callable[..., tuple[jax.Array, ...]]  # (scalars, G_r, *state) -> new state
     step: Callable[..., tuple[jax.Array, jax.Array | None]]  # (scalars, X, G_r, *new) -> step, X'
+    # (the step passed through ``rounded``, so that X - step is X + update)
 
     factory: Callable[..., Transformation]  # the optax transformation
     op: Callable[..., tuple[jax.Array, ...]]  # the op with the ONNX signature
@@ -193,8 +205,10 @@ def rounded(product: jax.Array, zero: jax.Array) -> jax.Array:
     last bit, and by many ulp where the sum cancels. Passing one product
     through an integer OR with ``zero`` (:func:`run_time_zero`, one vector
     instruction, a no-op) hides it from the contraction, so the sum is the same
-    FMA of the other product on every path. Only sums of two products need it:
-    a sum with one product has one way to fuse.
+    FMA of the other product on every path (a sum with one product has one way
+    to fuse). The kernels also round their step apart: otherwise the op fuses
+    a step that ends in a product (Momentum's ``R * V_new``) into
+    ``X - step``, while optax adds the update ``-step`` after rounding it.
     """
     bits = jax.lax.bitcast_convert_type(product, zero.dtype)
     return jax.lax.bitcast_convert_type(bits | zero, product.dtype)

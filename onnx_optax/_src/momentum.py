@@ -40,7 +40,7 @@ class _Scalars(NamedTuple):
     norm_coefficient: jax.Array | None  # None: known zero, X not read
     R: jax.Array
     nesterov: bool
-    zero: jax.Array  # driver.run_time_zero: rounds the gradient term apart
+    zero: jax.Array  # driver.run_time_zero: for driver.rounded
 
 
 def _scalars(a: MomentumAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
@@ -64,9 +64,8 @@ def _new_state(s: _Scalars, g_r: jax.Array, v: jax.Array) -> tuple[jax.Array]:
 def _step(
     s: _Scalars, x: jax.Array | None, g_r: jax.Array, v_new: jax.Array
 ) -> tuple[jax.Array, None]:
-    if s.nesterov:
-        return s.R * (g_r + s.alpha * v_new), None
-    return s.R * v_new, None
+    step = s.R * (g_r + s.alpha * v_new) if s.nesterov else s.R * v_new
+    return driver.rounded(step, s.zero), None
 
 
 # ----------------------------------------------------------- the transformation
