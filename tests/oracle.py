@@ -59,7 +59,9 @@ def one_minus_power(base: float, t: int) -> F64:
     if t <= 2048:
         return F64(float(1 - Fraction(float(base)) ** t))
     with np.errstate(divide="ignore"):
-        return F64(-np.expm1(t * np.log1p(F64(base) - 1.0)))
+        # ``+ 0.0``: base 1 gives -expm1(0) = -0.0, and 1 - 1**t is +0.0 (the sign
+        # decides the sign of an infinite step).
+        return F64(-np.expm1(t * np.log1p(F64(base) - 1.0)) + 0.0)
 
 
 def adagrad(

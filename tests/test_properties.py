@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -151,7 +151,28 @@ def op_problems(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+# Found by CI: with alpha = 1 and T > 2048, 1 - alpha**T must be +0.0 (the step is
+# -inf, as the formula reads), not the -0.0 of -expm1(0).
+_ALPHA_ONE = {
+    "name": "adam",
+    "dtype": "float32",
+    "attributes": {
+        "alpha": 1.0,
+        "beta": 0.0,
+        "epsilon": 1.0,
+        "norm_coefficient": 0.0,
+        "norm_coefficient_post": 0.0,
+    },
+    "T": 2049,
+    "R": 1.0,
+    "xs": [np.zeros((), np.float32)],
+    "gs": [np.zeros((), np.float32)],
+    "states": [[np.ones((), np.float32)], [np.zeros((), np.float32)]],
+}
+
+
 @given(op_problems())
+@example(problem=_ALPHA_ONE)
 def test_op_matches_oracle(problem: dict[str, Any]) -> None:
     optimizer = OPTIMIZERS[problem["name"]]
     dtype = problem["dtype"]
