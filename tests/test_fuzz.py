@@ -94,7 +94,7 @@ def test_an_example_past_its_time_limit_fails_the_run(tmp_path: Path) -> None:
     record = tmp_path / "running-example.txt"
     code = (
         "import sys, time, tests.fuzz_models as fuzz\n"
-        "def hang(folder, data):\n"
+        "def hang(folder, data, **options):\n"
         "    fuzz._note('seed: mlp')\n"
         "    time.sleep(60)\n"
         "fuzz.fuzz_case = hang\n"
@@ -152,6 +152,32 @@ SEED_OUTCOMES = {
         "interop.from_node": "ok",
         "cli check": "0",
         "cli train": "2",  # a step feeds the gradient 'w.grad', not rows of data
+    },
+    **{
+        name: {
+            "backend.prepare": "ok",
+            "rep.run": "ok",
+            "interop.from_model": "ValueError",  # no training_info
+            "training.check": "ok",
+            "training.Session": "TrainingModelError",
+            "backend.run_node": "ok",
+            "interop.from_node": "UnsupportedOperatorError",
+            "cli check": "1",
+            "cli train": "1",
+        }
+        for name in ("cnn", "shapes", "indexing")
+    },
+    "classifier": {
+        "backend.prepare": "ok",
+        "rep.run": "ok",
+        "interop.from_model": "ok",
+        "training.check": "ok",
+        "training.Session": "ok",
+        "Session.step": "ok",
+        "backend.run_node": "ok",
+        "interop.from_node": "UnsupportedOperatorError",
+        "cli check": "0",
+        "cli train": "2",  # the data's t holds floats, not class labels
     },
 }
 
