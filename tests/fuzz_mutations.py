@@ -436,9 +436,37 @@ def _values(graph: onnx.GraphProto) -> list[str]:
 
 
 def _output(graph: onnx.GraphProto, name: str) -> None:
-    """``name`` made a graph output (untyped: whatever it computes), so it is computed."""
+    """``name`` made a graph output, so it is computed; :func:`_typed` gives it a type."""
     value = graph.output.add()
     value.name = name
+
+
+def _typed(model: onnx.ModelProto) -> None:
+    """Outputs without a type get the one onnx infers, else float of unknown shape.
+
+    The checker refuses an output without an element type and shape, and the
+    graph one whose declared element type differs from what it computes.
+    """
+    inferred: dict[str, onnx.TypeProto] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = onnx.shape_inference.infer_shapes(model).graph
+        inferred = {
+            v.name: v.type
+            for v in (*graph.value_info, *graph.output)
+            if v.type.tensor_type.elem_type
+        }
+    except Exception:  # a model onnx cannot infer: float will do
+        pass
+    for graph in graphs(model):
+        for value in graph.output:
+            if not value.HasField("type"):
+                if value.name in inferred:
+                    value.type.CopyFrom(inferred[value.name])
+                else:
+                    value.type.tensor_type.elem_type = TensorProto.FLOAT
+                    value.type.tensor_type.shape.dim.add().dim_param = "unknown"
 
 
 def _int_attributes(model: onnx.ModelProto, node: onnx.NodeProto) -> dict[str, str]:
@@ -500,6 +528,7 @@ def wide_node(model: onnx.ModelProto, data: st.DataObject, locations: list[str])
             base = node.output[0] if node.output else "wide"
             node.output.extend(f"{base}.{i}" for i in range(len(node.output), width))
             _output(graph, node.output[-1])
+            _typed(model)
         return f"node {node.op_type}: {len(node.input)} inputs, {len(node.output)} outputs"
     source = _pick(data, _values(graph), "source")
     if source is None:
@@ -514,16 +543,18 @@ def wide_node(model: onnx.ModelProto, data: st.DataObject, locations: list[str])
         node = helper.make_node(kind, [source] * width, ["wide"], **extra)
         _output(graph, "wide")
     graph.node.append(node)
+    _typed(model)
     return f"{kind} of {source!r}, width {width}"
 
 
 def _subgraph(name: str, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str]) -> Any:
-    return helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
-    )
+    """A body graph; its inputs and outputs float of unknown shape (a Loop's counter int64)."""
+
+    def value(name: str) -> onnx.ValueInfoProto:
+        elem = TensorProto.INT64 if name.endswith(".i") else TensorProto.FLOAT
+        return helper.make_tensor_value_info(name, elem, None)
+
+    return helper.make_graph(nodes, name, [value(n) for n in inputs], [value(n) for n in outputs])
 
 
 def nest_subgraph(model: onnx.ModelProto, data: st.DataObject, locations: list[str]) -> str:
@@ -601,6 +632,7 @@ def nest_gradient(model: onnx.ModelProto, data: st.DataObject, locations: list[s
         )
         previous = outputs[0]
     _output(graph, previous)
+    _typed(model)
     return f"{levels} Gradient(s) of {first.output[0]!r} with respect to {names}"
 
 
@@ -669,6 +701,7 @@ def folded_operand(model: onnx.ModelProto, data: st.DataObject, locations: list[
             graph.node.append(item)
     graph.node.append(use)
     _output(graph, "fold.out")
+    _typed(model)
     return f"{op} of shape {shape} -> {consumer} (operand {big})"
 
 
