@@ -491,8 +491,9 @@ def int_attribute(model: onnx.ModelProto, data: st.DataObject, locations: list[s
     candidates = _int_attributes(model, node)
     name, kind = _one(data, sorted(candidates.items()), "attribute")
     value: Any
+    old = [helper.get_attribute_value(a) for a in node.attribute if a.name == name]
     if kind == "int":
-        value = _one(data, INTS, "value")
+        value = _one(data, [v for v in INTS if [v] != old], "value")
     else:
         length = _one(data, [0, 1, 2, 3, 4, 5, 8, 17], "length")
         fill = _one(data, ["same", "each"], "fill")
@@ -500,6 +501,8 @@ def int_attribute(model: onnx.ModelProto, data: st.DataObject, locations: list[s
             value = [_one(data, INTS, "value")] * length
         else:
             value = [_one(data, INTS, "value") for _ in range(length)]
+        if [value] == old:  # the attribute as it was: one more value
+            value.append(-1)
     for index in reversed(range(len(node.attribute))):
         if node.attribute[index].name == name:
             del node.attribute[index]
@@ -523,10 +526,12 @@ def wide_node(model: onnx.ModelProto, data: st.DataObject, locations: list[str])
             return "no node"
         if kind == "widen inputs":
             last = node.input[-1] if node.input else _one(data, _values(graph) or ["x"], "name")
-            node.input.extend([last] * max(0, width - len(node.input)))
+            node.input.extend([last] * max(1, width - len(node.input)))
         else:
             base = node.output[0] if node.output else "wide"
-            node.output.extend(f"{base}.{i}" for i in range(len(node.output), width))
+            node.output.extend(
+                f"{base}.{i}" for i in range(len(node.output), max(width, len(node.output) + 1))
+            )
             _output(graph, node.output[-1])
             _typed(model)
         return f"node {node.op_type}: {len(node.input)} inputs, {len(node.output)} outputs"
@@ -713,25 +718,38 @@ def _registered() -> dict[str, list[str]]:
     return {domain: sorted(table) for domain, table in REGISTRY.items()}
 
 
+@functools.cache
+def _schemas(opset: int, ml_opset: int) -> list[tuple[str, str, Any]]:
+    """(domain, op type, schema) of every registered op at the model's opsets."""
+    from onnx_optax._src.ops import REGISTRY
+
+    found = []
+    for domain, table in sorted(REGISTRY.items()):
+        for op in sorted(table):
+            try:
+                schema = onnx.defs.get_schema(op, opset if not domain else ml_opset, domain)
+            except onnx.defs.SchemaError:
+                continue
+            found.append((domain, op, schema))
+    return found
+
+
 def swap_op(model: onnx.ModelProto, data: st.DataObject, locations: list[str]) -> str:
-    """A node's op type swapped for another registered op taking as many inputs."""
+    """A node's op type swapped for another registered op that takes as many inputs."""
     found = _node_of(model, data)
     if found is None:
         return "no node"
     node = found[1]
-    domain = _one(data, sorted(_registered()), "domain")
-    fits = []
-    for op in _registered()[domain]:
-        try:
-            schema = onnx.defs.get_schema(op, _opset(model, domain), domain)
-        except onnx.defs.SchemaError:
-            continue
-        if schema.min_input <= len(node.input) <= schema.max_input:
-            fits.append((op, schema))
+    old = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    count = len(node.input)
+    fits = [
+        (domain, op, schema)
+        for domain, op, schema in _schemas(_opset(model, ""), _opset(model, "ai.onnx.ml"))
+        if schema.min_input <= count <= schema.max_input and (domain, op) != old
+    ]
     if not fits:
-        return f"no {domain!r} op takes {len(node.input)} inputs"
-    old = node.op_type
-    node.op_type, schema = _one(data, fits, "op")
+        return f"no other op takes {count} inputs"
+    domain, node.op_type, schema = _one(data, fits, "op")
     node.domain = domain
     if domain and not any(o.domain == domain for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(domain, 1))
@@ -740,7 +758,7 @@ def swap_op(model: onnx.ModelProto, data: st.DataObject, locations: list[str]) -
             (attributes == "known" and a.name in schema.attributes)]  # fmt: skip
     del node.attribute[:]
     node.attribute.extend(kept)
-    return f"node {old} -> {domain}.{node.op_type}, attributes {attributes}"
+    return f"node {old} -> {(domain, node.op_type)}, attributes {attributes}"
 
 
 def retype_operand(model: onnx.ModelProto, data: st.DataObject, locations: list[str]) -> str:
@@ -755,7 +773,7 @@ def retype_operand(model: onnx.ModelProto, data: st.DataObject, locations: list[
     except Exception:  # a tensor an earlier mutation broke: retype it by its declared type alone
         tensor.data_type = helper.np_dtype_to_tensor_dtype(np.dtype(_one(data, DTYPES, "dtype")))
         return f"tensor {tensor.name!r}: data_type = {tensor.data_type}"
-    dtype = _one(data, DTYPES, "dtype")
+    dtype = _one(data, [d for d in DTYPES if np.dtype(d) != array.dtype], "dtype")
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         cast = array.astype(dtype)

@@ -18,13 +18,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onnx_optax import training
-from tests import fuzz_models
+from tests import fuzz_models, fuzz_mutations
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
@@ -220,3 +223,21 @@ def test_the_folder_holds_links_out_of_it(folder: fuzz_models.Folder) -> None:
     assert (folder.model / "wlink.bin").read_bytes() == secret
     assert (folder.model / "link" / "secret.bin").read_bytes() == secret
     assert np.array_equal(np.load(folder.data)["t"], np.ones((4, 2), np.float32))
+
+
+@pytest.mark.parametrize("mutate", fuzz_mutations.OP, ids=lambda mutate: mutate.__name__)
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_each_op_mutation_changes_every_seed_into_a_model_protobuf_writes(
+    mutate: Any, data: st.DataObject
+) -> None:
+    name = data.draw(st.sampled_from(sorted(fuzz_models.seeds())), label="seed")
+    seed_bytes = fuzz_models.seeds()[name]
+    model = onnx.ModelProto.FromString(seed_bytes)
+    text = mutate(model, data, [])
+    assert isinstance(text, str) and text
+    if (mutate, name) == (fuzz_mutations.int_attribute, "mlp"):  # MatMul, Add, Relu have none
+        assert text == "no node with an int attribute"
+        return
+    assert not text.startswith("no "), text  # every seed has what each mutation changes
+    assert model.SerializeToString() != seed_bytes, text
