@@ -120,6 +120,19 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, int], str]]:
     )
     big += LIMIT_HINT
     return {
+        # issue 20, item 11 (the op-level fuzzer): on c038037 a list of 2**62 sizes, a hang
+        "Split into num_outputs 2**62": (
+            _model(
+                [
+                    _constant("x", np.zeros(4, np.float32)),
+                    helper.make_node("Split", ["x"], ["y", "z"], num_outputs=2**62, name="big"),
+                ],
+                [],
+                [_vi("y", F32, ["a"]), _vi("z", F32, ["b"])],
+            ),
+            {},
+            rf"node 'big' \(ai\.onnx\.Split\): num_outputs is {2**62}, but the node has 2 outputs",
+        ),
         "Gather": (
             _bomb(
                 [*_zeros("x", [1, 65536]), *_zeros("i", [65536])],
