@@ -19,6 +19,7 @@ crash or a hang as a failure instead of losing pytest. By hand::
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import faulthandler
 import functools
@@ -355,7 +356,7 @@ MUTATIONS = {
 
 def fuzz_case(
     folder: Folder, data: st.DataObject, *, kind: str = "all", names: tuple[str, ...] = ()
-) -> None:
+) -> dict[str, str]:
     """One example: a seed, mutated fields, mutated bytes, and every entry point on it.
 
     ``kind`` picks the mutations (a key of :data:`MUTATIONS`; "op" examples mutate
@@ -382,7 +383,7 @@ def fuzz_case(
     node = data.draw(st.integers(0, 20), label="node for run_node")
     run_cli = data.draw(st.booleans(), label="run the CLI")
     _note(f"as {form}, base_dir={base_dir}, node {node}, cli {run_cli}")
-    exercise(source, folder, base_dir=base_dir, node=node, run_cli=run_cli)
+    return exercise(source, folder, base_dir=base_dir, node=node, run_cli=run_cli)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     timed_out: list[float] = []
     calls: list[int] = []
     failed: list[str] = []
+    tally: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def alarm(signum: int, frame: Any) -> None:
         del signum, frame
@@ -453,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             faulthandler.dump_traceback_later(args.example_seconds + 10, exit=True)
             try:
                 try:
-                    fuzz_case(folder, data, kind=args.mutations, names=names)
+                    outcomes = fuzz_case(folder, data, kind=args.mutations, names=names)
+                    tally.update((outcomes or {}).items())
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     faulthandler.cancel_dump_traceback_later()
@@ -472,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed is not None:
             run = seed(args.seed)(run)
         run()
+    # How far the examples got: each entry point's outcomes (ok, an exception's name, an exit code)
+    entries = sorted({entry for entry, _ in tally})
+    for entry in entries:
+        counts = sorted(((n, o) for (e, o), n in tally.items() if e == entry), reverse=True)
+        print(f"  {entry}: " + ", ".join(f"{outcome} {n}" for n, outcome in counts))
     if failed:
         print(f"fuzz: {len(failed)} of {len(calls)} examples failed (in {args.findings}):")
         print("\n".join(sorted(set(failed))))
