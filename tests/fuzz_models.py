@@ -1,20 +1,25 @@
 """Mutated ONNX models for ``tests/test_fuzz.py``: seeds, mutations, entry points, a driver.
 
-Each example takes a small valid model (an MLP, the MLP made trainable by
-``training.attach``, an optimizer model from ``interop.to_model``), mutates its
-fields and then its bytes, and hands the result to every entry point that reads
-a model. Each call must end in a result or in one of :data:`DOCUMENTED`; the
+Each example takes a small valid model (:func:`seeds`: an MLP, the MLP made
+trainable by ``training.attach``, an optimizer model from ``interop.to_model``,
+a CNN, shape arithmetic, indexing ops, a classifier trained with a softmax
+cross-entropy), mutates its fields (:data:`MUTATIONS`: the model's fields, or
+what its ops read) and then its bytes, and hands the result to every entry
+point that reads a model. Each call must end in a result or in one of :data:`DOCUMENTED`; the
 driver runs the examples in this process with a time limit per example and a
 memory limit, so that ``test_fuzz.py`` can run it as a child process and see a
 crash or a hang as a failure instead of losing pytest. By hand::
 
     python -m tests.fuzz_models --examples 2000            # derandomized, as in CI
     python -m tests.fuzz_models --examples 2000 --seed 7   # another stream of examples
+    python -m tests.fuzz_models --mutations op --seeds cnn,indexing --examples 500 --seed 3
+    python -m tests.fuzz_models --examples 3000 --seed 5 --findings f.txt  # log each, go on
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import faulthandler
 import functools
@@ -24,6 +29,7 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -48,42 +54,145 @@ DOCUMENTED = (TypeError, ValueError, NotImplementedError)
 CANARY = b"CANARY-a-file-outside-the-model-folder"
 CLI_EXIT = (0, 1, 2)  # success, a check failed or the model cannot train, a usage error
 RECORD: list[Path] = []  # where the driver writes the running example, read after a crash
+NOTES: list[str] = []  # the running example's steps
 
 
 def _note(text: str) -> None:
     """Notes a step of the example for hypothesis's report and for the record file."""
     if currently_in_test_context():
         note(text)
+    NOTES.append(text)
     for path in RECORD:
         with path.open("a") as file:
             file.write(text + "\n")
 
 
+def _model(
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: list[tuple[str, int, list[Any]]],
+    outputs: list[tuple[str, int, list[Any]]],
+    initializers: dict[str, np.ndarray],
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(*value) for value in inputs],
+        [helper.make_tensor_value_info(*value) for value in outputs],
+        initializer=[numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _cnn() -> onnx.ModelProto:
+    """Conv, BatchNormalization, Relu, MaxPool, AveragePool, Flatten, Gemm on [N, 1, 4, 4]."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "k", "kb"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 2]),
+        helper.make_node("Flatten", ["a"], ["f"]),
+        helper.make_node("Gemm", ["f", "g", "gb"], ["y"], transB=1),
+    ]
+    weights = {
+        "k": rng.normal(size=(2, 1, 3, 3)).astype(np.float32),
+        "kb": np.array([0.1, -0.1], np.float32),
+        "scale": np.ones(2, np.float32),
+        "bias": np.zeros(2, np.float32),
+        "mean": np.full(2, 0.1, np.float32),
+        "var": np.full(2, 0.9, np.float32),
+        "g": rng.normal(size=(3, 2)).astype(np.float32),
+        "gb": np.zeros(3, np.float32),
+    }
+    x, y = ("x", TensorProto.FLOAT, ["N", 1, 4, 4]), ("y", TensorProto.FLOAT, ["N", 3])
+    return _model("cnn", nodes, [x], [y], weights)
+
+
+def _shapes() -> onnx.ModelProto:
+    """Shape arithmetic: Shape -> Gather -> Concat -> Reshape, then MatMul."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Concat", ["n", "minus1"], ["to"], axis=0),
+        helper.make_node("Reshape", ["x", "to"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),
+    ]
+    constants = {
+        "zero": np.array([0], np.int64),
+        "minus1": np.array([-1], np.int64),
+        "w": np.full((6, 2), 0.5, np.float32),
+    }
+    x, y = ("x", TensorProto.FLOAT, ["N", 2, 3]), ("y", TensorProto.FLOAT, ["N", 2])
+    return _model("shapes", nodes, [x], [y], constants)
+
+
+def _indexing() -> onnx.ModelProto:
+    """Gather, GatherElements, Slice, Pad and Split on a [2, 4] input."""
+    nodes = [
+        helper.make_node("Gather", ["x", "columns"], ["g"], axis=1),
+        helper.make_node("GatherElements", ["g", "picks"], ["e"], axis=1),
+        helper.make_node("Slice", ["e", "starts", "ends", "axes"], ["s"]),
+        helper.make_node("Pad", ["s", "pads", "fill"], ["p"]),
+        helper.make_node("Split", ["p", "split"], ["a", "b"], axis=1),
+    ]
+    constants = {
+        "columns": np.array([3, 0, 1, 2], np.int64),
+        "picks": np.array([[0, 1, 1, 3], [2, 2, 0, 1]], np.int64),
+        "starts": np.array([1], np.int64),
+        "ends": np.array([4], np.int64),
+        "axes": np.array([1], np.int64),
+        "pads": np.array([0, 1, 0, 1], np.int64),
+        "fill": np.array(0.5, np.float32),
+        "split": np.array([2, 3], np.int64),
+    }
+    x = ("x", TensorProto.FLOAT, [2, 4])
+    outputs = [("a", TensorProto.FLOAT, [2, 2]), ("b", TensorProto.FLOAT, [2, 3])]
+    return _model("indexing", nodes, [x], outputs, constants)
+
+
 @functools.cache
 def seeds() -> dict[str, bytes]:
-    """The three valid models every example starts from, serialized."""
-    w1 = numpy_helper.from_array(np.full((3, 4), 0.1, np.float32), "w1")
-    b1 = numpy_helper.from_array(np.zeros(4, np.float32), "b1")
-    w2 = numpy_helper.from_array(np.full((4, 2), -0.2, np.float32), "w2")
+    """The valid models every example starts from, serialized.
+
+    An MLP, the MLP made trainable by ``attach`` (mean squared error, Adam), an
+    Adagrad model from ``interop.to_model``, and models that reach more ops: a
+    small CNN, a shape-arithmetic chain, an indexing chain, and a classifier made
+    trainable with a SoftmaxCrossEntropyLoss (Momentum).
+    """
+    weights = {
+        "w1": np.full((3, 4), 0.1, np.float32),
+        "b1": np.zeros(4, np.float32),
+        "w2": np.full((4, 2), -0.2, np.float32),
+    }
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"]),
         helper.make_node("Add", ["h", "b1"], ["a"]),
         helper.make_node("Relu", ["a"], ["r"]),
         helper.make_node("MatMul", ["r", "w2"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-        initializer=[w1, b1, w2],
-    )
-    mlp = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x, y = ("x", TensorProto.FLOAT, ["N", 3]), ("y", TensorProto.FLOAT, ["N", 2])
+    mlp = _model("mlp", nodes, [x], [y], weights)
     trainable = training.attach(mlp, loss="mse", target="t", optimizer=onnx_optax.adam(0.1))
+    classifier = training.attach(
+        mlp,
+        loss="softmax_cross_entropy",
+        target="t",
+        optimizer=onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, norm_coefficient=0.0),
+    )
     tx = onnx_optax.adagrad(0.1)
     params = {"w": jnp.ones(3, jnp.float32)}
     optimizer = interop.to_model(tx, params, tx.init(params))
-    models = {"mlp": mlp, "trainable": trainable, "optimizer": optimizer}
+    models = {
+        "mlp": mlp,
+        "trainable": trainable,
+        "optimizer": optimizer,
+        "cnn": _cnn(),
+        "shapes": _shapes(),
+        "indexing": _indexing(),
+        "classifier": classifier,
+    }
     return {name: model.SerializeToString() for name, model in models.items()}
 
 
@@ -238,17 +347,31 @@ class Hang(Exception):
     """An example ran past its time limit."""
 
 
-def fuzz_case(folder: Folder, data: st.DataObject) -> None:
-    """One example: a seed, mutated fields, mutated bytes, and every entry point on it."""
-    name = data.draw(st.sampled_from(sorted(seeds())), label="seed")
+MUTATIONS = {
+    "all": [*mutations.FIELD, *mutations.OP],
+    "field": mutations.FIELD,  # the model's fields: tensors, names, opsets, bindings
+    "op": mutations.OP,  # what the ops read: attributes, widths, subgraphs, constants, dtypes
+}
+
+
+def fuzz_case(
+    folder: Folder, data: st.DataObject, *, kind: str = "all", names: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """One example: a seed, mutated fields, mutated bytes, and every entry point on it.
+
+    ``kind`` picks the mutations (a key of :data:`MUTATIONS`; "op" examples mutate
+    bytes rarely, so that most reach the ops), ``names`` the seeds (default: all).
+    """
+    name = data.draw(st.sampled_from(sorted(names or seeds())), label="seed")
     model = onnx.ModelProto.FromString(seeds()[name])
     _note(f"seed: {name}")
-    count = data.draw(st.integers(0, 3), label="field mutations")
+    count = data.draw(st.integers(1 if kind == "op" else 0, 3), label="field mutations")
     for _ in range(count):
-        mutate = data.draw(st.sampled_from(mutations.FIELD), label="mutation")
+        mutate = data.draw(st.sampled_from(MUTATIONS[kind]), label="mutation")
         _note(f"{mutate.__name__}: {mutate(model, data, folder.locations())}")
     blob = model.SerializeToString()
-    for _ in range(data.draw(st.integers(0 if count else 1, 2), label="byte mutations")):
+    least, most = (0, 1) if kind == "op" else (0 if count else 1, 2)
+    for _ in range(data.draw(st.integers(least, most), label="byte mutations")):
         blob, text = mutations.mutate_bytes(blob, model, data)
         _note(text)
     folder.path.write_bytes(blob)
@@ -260,7 +383,7 @@ def fuzz_case(folder: Folder, data: st.DataObject) -> None:
     node = data.draw(st.integers(0, 20), label="node for run_node")
     run_cli = data.draw(st.booleans(), label="run the CLI")
     _note(f"as {form}, base_dir={base_dir}, node {node}, cli {run_cli}")
-    exercise(source, folder, base_dir=base_dir, node=node, run_cli=run_cli)
+    return exercise(source, folder, base_dir=base_dir, node=node, run_cli=run_cli)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--example-seconds", type=float, default=60.0)
     parser.add_argument("--memory-gib", type=float, default=4.0)
     parser.add_argument("--last", help="file that holds the running example's mutations")
+    parser.add_argument(
+        "--mutations", choices=sorted(MUTATIONS), default="all", help="which mutations to draw"
+    )
+    parser.add_argument("--seeds", default="", help="comma-separated seed models (default: all)")
+    parser.add_argument(
+        "--findings",
+        help="for long runs: append each failing example (its steps and traceback) to this file "
+        "and go on, instead of stopping at the first and shrinking it; exit 1 if any failed",
+    )
     args = parser.parse_args(argv)
     warnings.simplefilter("error")  # as pytest's filterwarnings = error
     jax.config.update("jax_platforms", "cpu")  # the memory limit below would starve a GPU
@@ -284,9 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if args.last:
         RECORD.append(Path(args.last))
-    seeds()
+    names = tuple(filter(None, args.seeds.split(",")))
+    unknown = sorted(set(names) - set(seeds()))
+    if unknown:
+        parser.error(f"unknown seed(s) {', '.join(unknown)}; the seeds are {', '.join(seeds())}")
     timed_out: list[float] = []
     calls: list[int] = []
+    failed: list[str] = []
+    tally: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def alarm(signum: int, frame: Any) -> None:
         del signum, frame
@@ -309,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         @given(st.data())
         def run(data: st.DataObject) -> None:
             calls.append(1)
+            NOTES.clear()
             if RECORD:
                 RECORD[0].write_text("")
             signal.setitimer(signal.ITIMER_REAL, args.example_seconds)
@@ -316,18 +454,40 @@ def main(argv: list[str] | None = None) -> int:
             # print every thread's stack and exit instead.
             faulthandler.dump_traceback_later(args.example_seconds + 10, exit=True)
             try:
-                fuzz_case(folder, data)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                faulthandler.cancel_dump_traceback_later()
-            if timed_out:
+                try:
+                    outcomes = fuzz_case(folder, data, kind=args.mutations, names=names)
+                    tally.update((outcomes or {}).items())
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    faulthandler.cancel_dump_traceback_later()
+                if timed_out:
+                    timed_out.clear()
+                    raise Hang(f"an example ran longer than {args.example_seconds} s")
+            except Exception as error:
                 timed_out.clear()
-                raise Hang(f"an example ran longer than {args.example_seconds} s")
+                if not args.findings:
+                    raise
+                failed.append(f"{type(error).__name__}: {str(error)[:200]}")
+                trace = "".join(traceback.format_exception(error)[-12:])
+                with open(args.findings, "a") as file:
+                    file.write(f"--- example {len(calls)}\n" + "\n".join(NOTES) + "\n" + trace)
 
         if args.seed is not None:
             run = seed(args.seed)(run)
         run()
-    print(f"fuzz: {len(calls)} examples ended in a result or a documented exception")
+    # How far the examples got: each entry point's outcomes (ok, an exception's name, an exit code)
+    entries = sorted({entry for entry, _ in tally})
+    for entry in entries:
+        counts = sorted(((n, o) for (e, o), n in tally.items() if e == entry), reverse=True)
+        print(f"  {entry}: " + ", ".join(f"{outcome} {n}" for n, outcome in counts))
+    if failed:
+        print(f"fuzz: {len(failed)} of {len(calls)} examples failed (in {args.findings}):")
+        print("\n".join(sorted(set(failed))))
+        return 1
+    print(
+        f"fuzz: {len(calls)} examples ({args.mutations} mutations, seed {args.seed}) ended in "
+        "a result or a documented exception"
+    )
     return 0
 
 

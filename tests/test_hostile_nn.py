@@ -726,3 +726,32 @@ def test_attribute_values_end_in_onnxruntimes_result_or_a_named_error(case: str)
     expected = theirs(node_model(op, feeds, attrs, opset=opset, outputs=types), feeds)
     assert expected is not None, f"computed {[np.shape(g) for g in got]}; onnxruntime refuses"
     assert_as_onnxruntime(model, feeds, expected)
+
+
+# ----------------------------------------------------------------------------- 11. fuzzer findings
+# Found by the op-level mutations of tests/fuzz_mutations.py (issue 20, item 11); each case
+# marked so fails on c038037.
+
+SCALAR_CASES: dict[str, tuple[str, dict[str, np.ndarray], dict[str, Any], int]] = {
+    # IndexError on c038037: a scalar was given the axis 0 of rank 1
+    "ArgMax": ("ArgMax", {}, {"axis": 0}, 21),
+    "ReduceSum axes [0]": ("ReduceSum", {"axes": np.array([0], np.int64)}, {}, 21),
+    "ReduceMax axes [0]": ("ReduceMax", {"axes": np.array([0], np.int64)}, {}, 21),
+    "ReduceMean axes=[0]": ("ReduceMean", {}, {"axes": [0]}, 13),
+    # computed on c038037 (1.0, and the scalar normalized) where onnxruntime refuses
+    "Softmax opset 11": ("Softmax", {}, {"axis": 0}, 11),
+    "LayerNormalization": ("LayerNormalization", {"s": np.ones((), np.float32)}, {"axis": 0}, 21),
+    # refused on c038037 too (by lax, for the same reason), kept beside them
+    "Softmax": ("Softmax", {}, {"axis": -1}, 21),
+}
+
+
+@pytest.mark.parametrize("case", SCALAR_CASES)
+def test_an_axis_of_a_scalar_is_refused_as_onnxruntime_refuses_it(case: str) -> None:
+    op, consts, attrs, opset = SCALAR_CASES[case]
+    feeds = {"x": np.array(2.0, np.float32)}
+    types = (TensorProto.INT64,) if op == "ArgMax" else (F,)
+    model = node_model(op, feeds, attrs, consts=consts, opset=opset, outputs=types)
+    assert theirs(model, feeds) is None  # onnxruntime refuses it
+    with pytest.raises(ValueError, match=rf"{NAMED}: axis -?[01] is out of range for rank 0"):
+        backend.prepare(model).run(feeds)

@@ -120,6 +120,19 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, int], str]]:
     )
     big += LIMIT_HINT
     return {
+        # issue 20, item 11 (the op-level fuzzer): on c038037 a list of 2**62 sizes, a hang
+        "Split into num_outputs 2**62": (
+            _model(
+                [
+                    _constant("x", np.zeros(4, np.float32)),
+                    helper.make_node("Split", ["x"], ["y", "z"], num_outputs=2**62, name="big"),
+                ],
+                [],
+                [_vi("y", F32, ["a"]), _vi("z", F32, ["b"])],
+            ),
+            {},
+            rf"node 'big' \(ai\.onnx\.Split\): num_outputs is {2**62}, but the node has 2 outputs",
+        ),
         "Gather": (
             _bomb(
                 [*_zeros("x", [1, 65536]), *_zeros("i", [65536])],
@@ -756,3 +769,78 @@ def test_a_malformed_node_is_a_value_error_naming_it(
     node.name = "n"
     with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.{node.op_type}\): {message}"):
         backend.run_node(node, inputs)
+
+
+# ----------------------------------------------------------------------------- 11. fuzzer findings
+# Found by the op-level mutations of tests/fuzz_mutations.py (issue 20, item 11); each test
+# fails on c038037.
+
+SCALAR = np.array(2.0, np.float32)
+
+
+@pytest.mark.parametrize(
+    ("node", "consts"),
+    [
+        (helper.make_node("Concat", ["x", "x"], ["y"], axis=0), {}),
+        (helper.make_node("Split", ["x"], ["y"], axis=0, num_outputs=1), {}),
+        (helper.make_node("Gather", ["x", "i"], ["y"], axis=0), {"i": np.array(0, np.int64)}),
+        (helper.make_node("GatherElements", ["x", "i"], ["y"]), {"i": np.array(0, np.int64)}),
+        (helper.make_node("Squeeze", ["x", "a"], ["y"]), {"a": np.array([0], np.int64)}),
+    ],
+    ids=["Concat", "Split", "Gather", "GatherElements", "Squeeze"],
+)
+def test_an_axis_of_a_scalar_is_refused_as_onnxruntime_refuses_it(
+    node: onnx.NodeProto, consts: dict[str, np.ndarray]
+) -> None:
+    # On c038037: IndexError (a scalar was given the axis 0 of rank 1).
+    node.name = "n"
+    initializers = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    graph = helper.make_graph(
+        [node], "g", [_vi("x", F32, [])], [_vi("y", F32, ["d"])], initializer=initializers
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    _refused_by_onnxruntime(model, {"x": SCALAR})
+    message = rf"node 'n' \(ai\.onnx\.{node.op_type}\): axis 0 is out of range for rank 0"
+    with pytest.raises(ValueError, match=message):
+        _ours(model, {"x": SCALAR})
+
+
+@pytest.mark.parametrize("elem", [I64, I32])
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_an_ignore_index_beyond_the_labels_dtype_matches_no_label(op: str, elem: int) -> None:
+    # On c038037 (32-bit JAX, or int32 labels): OverflowError comparing the labels with 2**31.
+    model = _loss_model(op, ignore_index=2**31)
+    model.graph.input[1].type.tensor_type.elem_type = elem
+    labels = np.array([0, 3, 2], helper.tensor_dtype_to_np_dtype(elem))
+    (want,) = _onnxruntime(model, {"s": SCORES, "t": labels})
+    (got,) = _ours(model, {"s": SCORES, "t": labels})
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    labels[1] = 4
+    with pytest.raises(ValueError, match=r"labels hold 4, outside \[0, 4\)"):
+        _ours(model, {"s": SCORES, "t": labels})
+
+
+FOLDED_WARNINGS = {  # op on constants folded by numpy while tracing: (nodes, output type)
+    "Div by zero": ([("a", np.float32(1)), ("b", np.float32(0))], "Div", {}, F32),
+    "Mul overflow": ([("a", np.float32(3e38)), ("b", np.float32(3e38))], "Mul", {}, F32),
+    "Pow of 0 to -1": ([("a", np.float32(0)), ("b", np.float32(-1))], "Pow", {}, F32),
+    "ReduceMean of nothing": ([("a", np.zeros(0, np.float32))], "ReduceMean", {"keepdims": 0}, F32),
+    "ReduceLogSum of 0": ([("a", np.zeros(2, np.float32))], "ReduceLogSum", {"keepdims": 0}, F32),
+    "Cast NaN to int32": ([("a", np.float32(np.nan))], "Cast", {"to": I32}, I32),
+}
+
+
+@pytest.mark.parametrize("case", FOLDED_WARNINGS)
+def test_constants_folded_while_tracing_compute_without_a_warning(case: str) -> None:
+    # On c038037 numpy's RuntimeWarning (divide by zero, overflow, invalid value in cast, mean
+    # of an empty slice): an exception where warnings are errors, as here (pyproject.toml).
+    constants, op, attributes, elem = FOLDED_WARNINGS[case]
+    nodes = [_constant(name, value) for name, value in constants]
+    node = helper.make_node(op, [name for name, _ in constants], ["y"], name="n", **attributes)
+    model = _model([*nodes, node], [], [_vi("y", elem, [])])
+    (got,) = _ours(model, {})
+    # NaN cast to an integer is undefined behaviour in onnxruntime; the mean of nothing is
+    # undefined in the spec (onnxruntime 0, XLA NaN, as numpy: unchanged here)
+    if op not in ("Cast", "ReduceMean"):
+        (want,) = _onnxruntime(model, {})
+        np.testing.assert_array_equal(got, want)

@@ -58,9 +58,14 @@ def _ints(value: Any) -> list[int]:
 
 
 def _axis(axis: int, rank: int, where: str) -> int:
-    if not -rank <= axis < max(rank, 1):
+    """``axis`` in ``[-rank, rank)``, counted from the end when negative; a scalar has none.
+
+    onnxruntime refuses every axis of a scalar (Concat, Split, Gather, ArgMax,
+    LayerNormalization, a reduction's axes), as this does.
+    """
+    if not -rank <= axis < rank:
         raise ValueError(f"{where}: axis {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def _axes(axes: Sequence[int], rank: int, where: str) -> tuple[int, ...]:

@@ -3,7 +3,8 @@
 Both share one negative log-likelihood (``_nll``) with its ``reduction``,
 ``ignore_index`` and class weights. A label outside ``[0, C)`` that is not the
 ``ignore_index`` is an error naming the node (while tracing when the labels are
-static, after the run otherwise), never a clamped class. A new loss op goes here.
+static, after the run otherwise), never a clamped class; an ``ignore_index``
+beyond the labels' dtype matches no label. A new loss op goes here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import _checked_labels
+from onnx_optax._src.ops.arrays import _canonical, _checked_labels
 from onnx_optax._src.ops.registry import Node, register
 
 
@@ -36,6 +37,7 @@ def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
             f"{node.where}: weights of shape {list(np.shape(weights))} do not match the "
             f"{classes} classes"
         )
+    ignore = _ignore_index(ignore, labels)
     _checked_labels(node, labels, classes, ignore)
     labels = jnp.asarray(labels)
     valid = jnp.ones(labels.shape, bool) if ignore is None else labels != ignore
@@ -53,6 +55,19 @@ def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
     if reduction == "sum":
         return jnp.sum(loss)
     return jnp.sum(loss) / jnp.sum(w)
+
+
+def _ignore_index(ignore: int | None, labels: Any) -> int | None:
+    """The ignore_index, or None where no label of the labels' dtype can equal it.
+
+    onnxruntime compares the labels with the int64 attribute; JAX cannot compare
+    int32 labels (or int64 ones held as int32 without 64-bit JAX) with a number
+    beyond int32, and no such label equals it.
+    """
+    if ignore is None or not np.issubdtype(labels.dtype, np.integer):
+        return ignore  # non-integer labels: refused by the label check
+    bounds = np.iinfo(_canonical(labels.dtype))  # as JAX holds them, where they are compared
+    return ignore if bounds.min <= ignore <= bounds.max else None
 
 
 @register("NegativeLogLikelihoodLoss")

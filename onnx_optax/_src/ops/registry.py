@@ -15,16 +15,20 @@ opset itself and how errors name the node. Absent optional inputs arrive as ``No
 Every registered function runs behind one guard (:func:`_guarded`): its inputs'
 types are matched against the schema's type constraints at the node's opset
 (``Pad`` of an int32 tensor with a float ``constant_value`` is refused, never
-cast), and a host allocation that fails while the graph is traced (a tensor
+cast), a host allocation that fails while the graph is traced (a tensor
 within the size limit that this machine cannot hold) is a ``ValueError``
-naming the node and the limit, as XLA's out-of-memory at run time is.
+naming the node and the limit, as XLA's out-of-memory at run time is, and
+numpy's floating-point warnings are silenced, as XLA computes without them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 # The default Limits.tensor_bytes (onnx_optax._src.load): the most bytes one tensor a
@@ -100,14 +104,22 @@ def register(
 
 
 def _guarded(op_type: str, domain: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` behind the schema's type constraints, with host memory errors named."""
+    """``fn`` behind the schema's type constraints, with host memory errors named.
+
+    Constants computed with numpy while tracing compute as XLA does, silently: a
+    division by zero, an overflow, a NaN cast to an integer or the mean of an
+    empty axis give inf, NaN or whatever the cast gives, without numpy's
+    RuntimeWarning (an exception where warnings are errors, as under pytest).
+    """
 
     def run(node: Node, *inputs: Any) -> Any:
         from onnx_optax._src.ops.attributes import check_input_types
 
         check_input_types(node, op_type, domain, inputs)
         try:
-            return fn(node, *inputs)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "Mean of empty slice"
+                return fn(node, *inputs)
         except MemoryError:
             raise ValueError(
                 f"{node.where}: the host ran out of memory computing its output while the graph "

@@ -223,6 +223,8 @@ def _split(node: Node, x: Any, split: Any = None) -> Any:
         parts = int(node.get("num_outputs", n))
         if parts < 1:
             raise ValueError(f"{node.where}: num_outputs is {parts}; it must be at least 1")
+        if parts != n:  # before a list of num_outputs sizes is made (2**62 of them, say)
+            raise ValueError(f"{node.where}: num_outputs is {parts}, but the node has {n} outputs")
         chunk = -(-size // parts)
         sizes = [max(min(chunk, size - i * chunk), 0) for i in range(parts)]
     sizes = [int(s) for s in sizes]
