@@ -40,6 +40,9 @@ class Limits(NamedTuple):
     node_inputs: int = 100_000  # inputs of one node (an optimizer node: 3-4 per tensor)
     file_bytes: int = 2**31 - 1  # the serialized model (protobuf's own limit)
     tensor_bytes: int = 16 * 2**30  # declared bytes of all tensors together
+    # Node runs one trace of a graph makes, a node inside a Gradient counted 3 times per
+    # level of Gradient around it (nested Gradients grow 3x a level); refused before tracing.
+    traced_nodes: int = 1_000_000
 
 
 DEFAULT_LIMITS = Limits()
