@@ -13,8 +13,9 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
-from onnx_optax._src.graph import GraphFunction, to_jax
-from onnx_optax.training._check import check
+from onnx_optax._src.graph import GraphFunction, paused_gc, to_jax
+from onnx_optax._src.load import DEFAULT_LIMITS
+from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._model import (
@@ -23,7 +24,6 @@ from onnx_optax.training._model import (
     as_model,
     mutable,
     opsets,
-    read_initializers,
 )
 
 
@@ -71,18 +71,23 @@ class Session:
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._split = NamedSharding(mesh, PartitionSpec("batch"))
         loaded = as_model(model)
-        problems = [p for p in check(loaded) if p.blocking]
+        checked = checked_entries(loaded)
+        problems = [p for p in checked.problems if p.blocking]
         if problems:
             raise TrainingModelError(problems)
-        initializers = read_initializers(loaded)
+        initializers = checked.initializers
         names = mutable(loaded)
         self._dtypes = {n: initializers[n].dtype for n in names}
         self._order = list(initializers)
         self._fixed = {n: v for n, v in initializers.items() if n not in self._dtypes}
-        self._entries = [
-            Entry(loaded, index, {n: initializers[n] for n in names}, initializers)
-            for index in range(len(loaded.training_info))
-        ]
+        self._entries = checked.entries  # built by the check, used as they are
+        work = sum(entry.function.work for entry in self._entries)
+        if work > DEFAULT_LIMITS.traced_nodes:
+            raise ValueError(
+                f"one step of the {len(self._entries)} training_info entries runs {work} nodes "
+                "(a node inside a Gradient counts 3 times per level of Gradient around it), "
+                f"more than the limit of {DEFAULT_LIMITS.traced_nodes} (Limits.traced_nodes)"
+            )
         # The model without the bound initializers' data (the state holds it).
         if loaded is model:
             loaded = onnx.ModelProto()
@@ -99,9 +104,10 @@ class Session:
         shard: dict[str, Any] = (
             {} if self._replicated is None else {"out_shardings": self._replicated}
         )
-        self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
-        self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
-        self._checked: set[Any] = set()  # the feed signatures whose updates were checked
+        # Every entry in one compiled function (one trace and one XLA compile per feed
+        # signature, however many entries), the state donated.
+        self._step = jax.jit(self._step_all, donate_argnums=0, **shard)
+        self._evaluate = jax.jit(self._evaluate_all, **shard)
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
 
@@ -157,34 +163,57 @@ class Session:
         dims: dict[str, Any] = {}
         return [self._feeds(entry, inputs, dims) for entry in self._entries]
 
-    def _checked_feeds(self, inputs: Mapping[str, Any], *, step: bool) -> list[dict[str, Any]]:
+    def _checked_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every entry's feeds, all checked before any is used.
 
-        Per feed signature (traced once, not run): for a step, that each update
-        keeps its initializer's shape and dtype; and the class count of each
-        loss node whose labels are a feed, against which the labels are
-        checked on every call.
+        Per feed signature (traced once, not run): the class count of each loss
+        node whose labels are a feed, against which the labels are checked on
+        every call. That each update keeps its initializer's shape and dtype is
+        checked while the step is traced, before it runs.
         """
         all_feeds = self._all_feeds(inputs)
-        for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
-            key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
-            if step and key not in self._checked:
-                state = {n: abstract(v) for n, v in self._state.items()}
-                _, new = jax.eval_shape(entry.step, state, feeds, constants)
-                for n, spec in new.items():
-                    if spec.shape != state[n].shape or spec.dtype != state[n].dtype:
-                        raise ValueError(
-                            f"{entry.where}: update_binding['{n}'] gives {spec.dtype}"
-                            f"{list(spec.shape)} for these feeds; the initializer is "
-                            f"{state[n].dtype}{list(state[n].shape)}"
-                        )
-                self._checked.add(key)
+        for entry, feeds in zip(self._entries, all_feeds, strict=True):
             if entry.targets:
+                key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
                 if key not in self._classes:
-                    state = {n: abstract(v) for n, v in self._state.items()}
+                    state = {n: abstract(self._state[n]) for n in entry.reads}
                     self._classes[key] = entry.classes(state, feeds)
                 entry.check_targets(inputs, self._classes[key])
         return all_feeds
+
+    def _step_all(
+        self,
+        state: dict[str, jax.Array],
+        all_feeds: list[dict[str, jax.Array]],
+        all_constants: list[dict[str, Any]],
+    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """Every entry in order, each reading the state the previous ones left (for jit)."""
+        state = dict(state)
+        reported: dict[str, jax.Array] = {}
+        for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
+            outputs, updates = entry.step(state, feeds, constants)
+            for n, value in updates.items():  # while tracing: before anything runs
+                if value.shape != state[n].shape or value.dtype != state[n].dtype:
+                    raise ValueError(
+                        f"{entry.where}: update_binding['{n}'] gives {value.dtype}"
+                        f"{list(value.shape)} for these feeds; the initializer is "
+                        f"{state[n].dtype}{list(state[n].shape)}"
+                    )
+            state.update(updates)
+            reported.update(outputs)
+        return reported, state
+
+    def _evaluate_all(
+        self,
+        state: dict[str, jax.Array],
+        all_feeds: list[dict[str, jax.Array]],
+        all_constants: list[dict[str, Any]],
+    ) -> dict[str, jax.Array]:
+        """Every entry's unbound outputs from the same state (XLA drops the updates)."""
+        reported: dict[str, jax.Array] = {}
+        for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
+            reported.update(entry.step(state, feeds, constants)[0])
+        return reported
 
     def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One step of every entry in order; returns the algorithms' unbound outputs.
@@ -195,12 +224,10 @@ class Session:
         that they divide the batch), so a step that fails leaves
         :attr:`initializers` unchanged.
         """
-        all_feeds = self._checked_feeds(inputs, step=True)
-        outputs: dict[str, np.ndarray] = {}
-        for jitted, feeds, constants in zip(self._steps, all_feeds, self._constants, strict=True):
-            reported, self._state = jitted(self._state, feeds, constants)
-            outputs.update({n: np.asarray(v) for n, v in reported.items()})
-        return outputs
+        all_feeds = self._checked_feeds(inputs)
+        with paused_gc():  # the first call of a signature traces and lowers every entry
+            reported, self._state = self._step(self._state, all_feeds, self._constants)
+        return {n: np.asarray(v) for n, v in reported.items()}
 
     def evaluate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The algorithms' unbound outputs (the loss) from the current state, changing nothing.
@@ -210,15 +237,10 @@ class Session:
         as none is applied); XLA drops what the unbound outputs do not need
         (the optimizer's update).
         """
-        all_feeds = self._checked_feeds(inputs, step=False)
-        outputs: dict[str, np.ndarray] = {}
-        for evaluation, feeds, constants in zip(
-            self._evaluations, all_feeds, self._constants, strict=True
-        ):
-            outputs.update(
-                {n: np.asarray(v) for n, v in evaluation(self._state, feeds, constants).items()}
-            )
-        return outputs
+        all_feeds = self._checked_feeds(inputs)
+        with paused_gc():
+            reported = self._evaluate(self._state, all_feeds, self._constants)
+        return {n: np.asarray(v) for n, v in reported.items()}
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
