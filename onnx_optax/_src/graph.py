@@ -196,6 +196,10 @@ def paused_gc() -> Iterator[None]:
 
 # Host values (shapes, axes) up to this many elements key an op's trace in a _Replay.
 REPLAY_HOST_LIMIT = 1024
+# Ops whose result may differ between two calls with equal inputs (random ops without a
+# seed): never replayed. Every other op must be a function of its attributes, its inputs'
+# types and its host inputs' values while tracing, as the registry's ops are.
+UNREPLAYED = frozenset(("RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"))
 
 
 class _OpTrace(NamedTuple):
@@ -301,7 +305,7 @@ class _StandardStep(_Step):
     def _call(self, args: list[Any]) -> Any:
         """The op on ``args``: called, or replayed from the trace's earlier calls of it."""
         replay = _REPLAY.get()
-        key = None if replay is None else self._signature(args)
+        key = None if replay is None or self.node.op_type in UNREPLAYED else self._signature(args)
         if key is None:
             return self.op.fn(self.info, *args)
         assert replay is not None
