@@ -139,6 +139,10 @@ def _no_work_limit(backend: Any) -> Any:
 class _Clock:
     """Wall-clock time of a call, and how much of it XLA spent compiling (JAX's own events)."""
 
+    # Where each stage's row goes as soon as it is measured (set in the row's process), so a
+    # row stopped at the budget still reports the stages it finished.
+    queue: Any = None
+
     def __init__(self) -> None:
         import jax
 
@@ -158,6 +162,8 @@ class _Clock:
         row[column] = time.perf_counter() - start
         if self.xla:
             row[f"{column} xla"] = self.xla
+        if _Clock.queue is not None:
+            _Clock.queue.put(dict(row))
         return result
 
 
@@ -240,10 +246,11 @@ COLUMNS = [
 def _child(kind: str, size: int, queue: Any) -> None:
     rows = {"chain": chain_row, "gradient": gradient_row, "nested": nested_row}
     rows["entries"] = entries_row
+    _Clock.queue = queue
     try:
-        queue.put(rows[kind](size))
+        queue.put({**rows[kind](size), "done": True})
     except BaseException as error:  # reported in the table, whatever it is
-        queue.put({"workload": f"{kind} {size}", "error": f"{type(error).__name__}: {error}"[:80]})
+        queue.put({"error": f"{type(error).__name__}: {error}"[:80], "done": True})
 
 
 def measure(kind: str, size: int, budget: float) -> dict[str, Any]:
@@ -252,12 +259,20 @@ def measure(kind: str, size: int, budget: float) -> dict[str, Any]:
     queue = context.Queue()
     process = context.Process(target=_child, args=(kind, size, queue))
     process.start()
-    process.join(budget)
-    if process.is_alive():
-        process.kill()
-        process.join()
-        return {"workload": f"{kind} {size}", "error": f"over {budget:.0f} s"}
-    return queue.get() if not queue.empty() else {"workload": f"{kind} {size}", "error": "died"}
+    row: dict[str, Any] = {"workload": f"{kind} {size}"}
+    deadline = time.perf_counter() + budget
+    while True:
+        try:
+            update = queue.get(timeout=max(0.1, deadline - time.perf_counter()))
+        except Exception:  # queue.Empty: the budget is spent
+            process.kill()
+            row["error"] = f"stopped at {budget:.0f} s"
+            break
+        row.update(update)
+        if row.pop("done", False):
+            break
+    process.join()
+    return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
