@@ -168,7 +168,7 @@ def test_compiled_graphs_reach_xla_without_calls() -> None:
         return x
 
     assert "call @" in jax.jit(f).lower(X).as_text()
-    flat = jax.jit(graph_module._flat(f))
+    flat = jax.jit(graph_module.flattened(f))
     assert "call @" not in flat.lower(X).as_text()
     np.testing.assert_allclose(flat(X), jax.jit(f)(X), rtol=1e-6)
 

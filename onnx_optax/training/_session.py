@@ -13,7 +13,7 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
-from onnx_optax._src.graph import GraphFunction, paused_gc, to_jax
+from onnx_optax._src.graph import GraphFunction, flattened, paused_gc, to_jax
 from onnx_optax._src.load import DEFAULT_LIMITS
 from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
@@ -106,8 +106,8 @@ class Session:
         )
         # Every entry in one compiled function (one trace and one XLA compile per feed
         # signature, however many entries), the state donated.
-        self._step = jax.jit(self._step_all, donate_argnums=0, **shard)
-        self._evaluate = jax.jit(self._evaluate_all, **shard)
+        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **shard)
+        self._evaluate = jax.jit(flattened(self._evaluate_all), **shard)
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
 
