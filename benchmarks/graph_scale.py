@@ -211,7 +211,17 @@ def gradient_row(n: int) -> dict[str, Any]:
 
 
 def nested_row(depth: int) -> dict[str, Any]:
-    return _prepared_row(f"nested Gradient {depth}", nested(depth))
+    from onnx_optax import backend
+
+    model = nested(depth)
+    row: dict[str, Any] = {}
+    if "traced_nodes" in backend.Limits._fields:  # how long the default limit takes to refuse
+        start = time.perf_counter()
+        try:
+            backend.prepare(model)
+        except ValueError:
+            row["refused by default limits"] = time.perf_counter() - start
+    return {**_prepared_row(f"nested Gradient {depth}", model), **row}
 
 
 def entries_row(n: int) -> dict[str, Any]:
@@ -240,6 +250,7 @@ COLUMNS = [
     "first step",
     "first step xla",
     "second step",
+    "refused by default limits",
 ]
 
 
