@@ -265,3 +265,18 @@ def test_training_entries_index_the_main_graph_once(monkeypatch: pytest.MonkeyPa
     session = training.Session(model)
     session.step({"x": X})
     assert sum(indexed) <= 2 * 20  # check builds each entry once (1 node), Session reuses them
+
+
+def test_an_entry_reads_what_its_outputs_name_directly() -> None:
+    """An entry takes only the bound initializers it reads, outputs named as they are included."""
+    model = entries(1)
+    w = numpy_helper.from_array(np.ones(SHAPE, np.float32), "W")
+    model.graph.initializer.append(w)
+    info = model.training_info[0]
+    info.algorithm.output.append(helper.make_tensor_value_info("W", F32, SHAPE))
+    info.update_binding.append(onnx.StringStringEntryProto(key="W", value="W"))
+    assert not training.check(model)
+    session = training.Session(model)
+    session.step({"x": X})
+    assert session.initializers["T0"] == 1
+    np.testing.assert_array_equal(session.initializers["W"], np.ones(SHAPE, np.float32))

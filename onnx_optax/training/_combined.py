@@ -174,7 +174,7 @@ class Entry:
                 f"{self.where}: inputs {list(self.function.static_inputs)} are read as shapes; "
                 "a training step cannot take them as data"
             )
-        used = _used(self.function.order)
+        used = _used(self.function.order) | set(self.function.output_names)
         self.feeds = [i for i in graph.input if i.name not in state and i.name in used]
         # The bound initializers the step reads, in the graph's order.
         self.reads = [n for n in read_state if n in used]
