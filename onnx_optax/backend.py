@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -52,7 +52,7 @@ from onnx_optax._src.load import (
     check_node_width,
     load_model,
 )
-from onnx_optax._src.onnx_nodes import UnsupportedOperatorError
+from onnx_optax._src.onnx_nodes import UnsupportedOperatorError, describe
 
 __all__ = [
     "Limits",
@@ -97,13 +97,16 @@ def _node_function(serialized: bytes) -> GraphFunction:
 class OnnxOptaxRep(BackendRep):
     """A prepared model: ``run(inputs)`` with a list in graph-input order or a dict."""
 
-    def __init__(
-        self, model: Any, device: str, max_bytes: int = DEFAULT_LIMITS.tensor_bytes
-    ) -> None:
+    def __init__(self, model: Any, device: str, limits: Limits = DEFAULT_LIMITS) -> None:
         self.model = model
         self.device = _jax_device(device)
         opsets = {o.domain: o.version for o in model.opset_import}
-        self.graph = GraphFunction(model.graph, opsets=opsets, max_bytes=max_bytes)
+        self.graph = GraphFunction(
+            model.graph,
+            opsets=opsets,
+            max_bytes=limits.tensor_bytes,
+            max_traced_nodes=limits.traced_nodes,
+        )
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -159,7 +162,7 @@ class OnnxOptaxBackend(Backend):
             onnx.checker.check_model(model)
         except onnx.checker.ValidationError as error:
             raise ValueError(f"the model is not valid ONNX (onnx.checker): {error}") from None
-        return OnnxOptaxRep(model, device, limits.tensor_bytes)
+        return OnnxOptaxRep(model, device, limits)
 
     @classmethod
     def run_node(
@@ -181,7 +184,13 @@ class OnnxOptaxBackend(Backend):
         check_node_text(node, "run_node: the node")
         check_node_width(node, "run_node: the node")
         names = [name for name in dict.fromkeys(node.input) if name]
-        if isinstance(inputs, dict):
+        if isinstance(inputs, Mapping):
+            missing = [name for name in names if name not in inputs]
+            if missing:
+                raise ValueError(
+                    f"run_node: {describe(node)}: no value given for its input(s) {missing}; "
+                    f"it reads {names}"
+                )
             inputs = [inputs[name] for name in names]
         if len(inputs) != len(names):
             raise ValueError(f"node has {len(names)} inputs, got {len(inputs)} values")

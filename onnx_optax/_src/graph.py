@@ -15,14 +15,19 @@ with ones: the outputs are the gradients of ``sum(y)``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import contextlib
+import contextvars
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.api_util import shaped_abstractify
 
 from onnx_optax._src.graph_packing import (
+    PACK_BELOW,
     Layout,
     Part,
     contiguous,
@@ -69,6 +74,12 @@ from onnx_optax._src.ops import (
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
 STATIC_INITIALIZER_LIMIT = 1 << 12
+# The default Limits.traced_nodes (onnx_optax._src.load): node runs one trace may make.
+MAX_TRACED_NODES = 1_000_000
+# A node inside a Gradient is traced this many times per level of Gradient around it:
+# jax.vjp traces its forward and tangent, then transposes the tangent. Nested Gradients
+# multiply (a Gradient of a Gradient of n nodes traces about 9 n).
+GRADIENT_WORK = 3
 
 Env = dict[str, Any]
 
@@ -111,15 +122,149 @@ def to_jax(what: str, value: Any) -> jax.Array:
     return jnp.asarray(host_array(what, value))
 
 
+PROMISED = (TypeError, ValueError, NotImplementedError)
+
+
 def _wrap(where: str, error: Exception) -> Exception:
+    """A promised error (TypeError, ValueError, NotImplementedError) naming the node.
+
+    One that names a node already (raised by a node inside a Gradient, or by the
+    step itself) is returned as it is; another is rebuilt with the node's name in
+    front, of its own type when that type takes a message alone, else of the
+    promised type it derives from.
+    """
     message = str(error)
-    if not message.startswith("node "):
-        message = f"{where}: {message}"
-    return type(error)(message) if isinstance(error, TypeError | ValueError) else error
+    if message.startswith("node "):
+        return error
+    message = f"{where}: {message}"
+    try:
+        wrapped = type(error)(message)
+    except Exception:  # a subclass with another signature (JAX's tracer errors)
+        wrapped = None
+    if wrapped is None or str(wrapped) != message:
+        wrapped = next(kind for kind in PROMISED if isinstance(error, kind))(message)
+    return wrapped
+
+
+def _unexpected(where: str, error: Exception) -> ValueError:
+    """Any other exception raised while running a node, as a ValueError naming it."""
+    if isinstance(error, MemoryError):
+        return ValueError(
+            f"{where}: ran out of host memory while computing it ({error or 'MemoryError'}); "
+            "lower limits=Limits(tensor_bytes=...) to have such a tensor refused by name"
+        )
+    return ValueError(f"{where}: cannot run it: {type(error).__name__}: {error}")
+
+
+@contextlib.contextmanager
+def node_errors(where: str) -> Iterator[None]:
+    """The one boundary around running a node: whatever it raises ends in a promised error.
+
+    TypeError, ValueError and NotImplementedError are given the node's name (see
+    :func:`_wrap`); any other ``Exception`` (ZeroDivisionError, IndexError,
+    KeyError, OverflowError, RecursionError, MemoryError: a model's numbers
+    reaching an op's arithmetic) becomes a ValueError naming the node, the original
+    kept as ``__cause__``. MemoryError is included: the model chose the size that
+    failed, so the caller gets the node to blame rather than a bare MemoryError.
+    What is not an ``Exception`` (KeyboardInterrupt, SystemExit) passes untouched.
+    """
+    try:
+        yield
+    except PROMISED as error:
+        wrapped = _wrap(where, error)
+        if wrapped is error:
+            raise
+        raise wrapped from None
+    except Exception as error:
+        raise _unexpected(where, error) from error
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a graph is traced or lowered.
+
+    A trace builds hundreds of thousands of long-lived objects (jaxpr equations,
+    tracers, MLIR operations); each full collection walks all of them, which
+    doubled the trace of a 20,000-node chain. Nested uses do nothing; the
+    collector is turned back on only if it was on (another thread may turn it on
+    earlier: that costs time, not correctness).
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+# Host values (shapes, axes) up to this many elements key an op's trace in a _Replay.
+REPLAY_HOST_LIMIT = 1024
+# Ops whose result may differ between two calls with equal inputs (random ops without a
+# seed): never replayed. Every other op must be a function of its attributes, its inputs'
+# types and its host inputs' values while tracing, as the registry's ops are.
+UNREPLAYED = frozenset(("RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"))
+
+
+class _OpTrace(NamedTuple):
+    """An op's jaxpr for one signature of its inputs, and how its outputs come out of it."""
+
+    closed: Any  # the ClosedJaxpr of the op as a function of its traced inputs
+    positions: tuple[int, ...]  # the traced inputs' positions among the op's inputs
+    outputs: tuple[Any, ...]  # per output: None, ("host", value) or ("traced", index)
+
+    def bind(self, args: Sequence[Any], inline: bool) -> tuple[Any, ...]:
+        outs = _inline(self.closed, *[args[i] for i in self.positions], calls=inline)
+        return tuple(
+            None
+            if out is None
+            else np.array(out[1], copy=True)  # each node its own host value, as the op gave
+            if out[0] == "host"
+            else outs[out[1]]
+            for out in self.outputs
+        )
+
+
+# A signature's entry in a _Replay: None once seen, its trace once recorded, False for an
+# op that checks values at run time (never replayed).
+_Traced = _OpTrace | Literal[False] | None
+
+
+class _Replay:
+    """The ops one trace of a graph has seen: a repeated call is traced once, then replayed.
+
+    A node whose op, attributes and inputs' types (host inputs: values) equal
+    two earlier nodes' computes the same function of its traced inputs: the
+    second such node records the op's jaxpr, and every later one binds that
+    jaxpr's equations on the trace instead of calling the op again (jax.numpy's
+    dispatch, about 0.1 ms a call, and Relu's custom_jvp, about 0.5 ms, cost far
+    more than binding the one equation each emits). ``inline``: nothing
+    differentiates this trace (a compiled graph's own function), so calls are
+    inlined as they are bound (see :func:`flattened`); inside a Gradient they are
+    bound as they are, keeping custom derivative rules (Relu's at 0).
+    """
+
+    def __init__(self, inline: bool, traces: dict[Any, _Traced] | None = None) -> None:
+        self.inline = inline
+        self.traces: dict[Any, _Traced] = {} if traces is None else traces
+
+    def faithful(self) -> _Replay:
+        """The same traces, bound without inlining (for a trace that is differentiated)."""
+        return self if not self.inline else _Replay(False, self.traces)
+
+
+_REPLAY: contextvars.ContextVar[_Replay | None] = contextvars.ContextVar(
+    "onnx_optax_replay", default=None
+)
 
 
 class _Step:
     """One checked node and how to run it on an environment of values."""
+
+    # Node runs a trace of this step makes (see GRADIENT_WORK); a Gradient's is set by
+    # the graph once the steps computing its y are known.
+    work = 1
 
     def __init__(self, graph: GraphFunction, node: Any) -> None:
         self.node = node
@@ -128,6 +273,11 @@ class _Step:
         self.outputs = tuple(node.output)
 
     def run(self, env: Env) -> None:
+        """Runs the node on ``env``; any error ends in a promised one naming it."""
+        with node_errors(self.where):
+            self._run(env)
+
+    def _run(self, env: Env) -> None:
         raise NotImplementedError
 
 
@@ -151,12 +301,84 @@ class _StandardStep(_Step):
             inputs=self.inputs,
         )
         if op.check is not None:
-            try:
+            with node_errors(self.where):
                 op.check(self.info)
-            except (TypeError, ValueError) as error:
-                raise _wrap(self.where, error) from None
+        # What, besides its inputs, decides the function the op computes (see _Replay).
+        self.kind = (
+            domain,
+            node.op_type,
+            opset,
+            len(node.output),
+            graph.max_bytes,
+            tuple(a.SerializeToString(deterministic=True) for a in node.attribute),
+        )
 
-    def run(self, env: Env) -> None:
+    def _call(self, args: list[Any]) -> Any:
+        """The op on ``args``: called, or replayed from the trace's earlier calls of it."""
+        replay = _REPLAY.get()
+        key = None if replay is None or self.node.op_type in UNREPLAYED else self._signature(args)
+        if key is None:
+            return self.op.fn(self.info, *args)
+        assert replay is not None
+        if key not in replay.traces:  # the first call: the op, as it is
+            replay.traces[key] = None
+            return self.op.fn(self.info, *args)
+        trace = replay.traces[key]
+        if trace is None:  # the second: recorded
+            trace = replay.traces[key] = self._trace(args)
+        if trace is False:  # it checks values at run time, in its node's name: called
+            return self.op.fn(self.info, *args)
+        return trace.bind(args, replay.inline)
+
+    def _signature(self, args: Sequence[Any]) -> tuple[Any, ...] | None:
+        """The op's kind and its inputs' types (host inputs: values; repeated inputs marked)."""
+        parts: list[Any] = [self.kind]
+        first: dict[int, int] = {}
+        for value in args:
+            if value is None:
+                parts.append(None)
+            elif is_static(value):
+                if value.size > REPLAY_HOST_LIMIT:
+                    return None
+                parts.append((value.dtype.str, value.shape, value.tobytes()))
+            else:
+                aval = shaped_abstractify(value)
+                parts.append((aval, first.setdefault(id(value), len(first))))
+        return tuple(parts)
+
+    def _trace(self, args: list[Any]) -> _OpTrace | Literal[False]:
+        """The op's jaxpr as a function of its traced inputs (host inputs fixed); False
+        for an op that records run-time checks (see :func:`check_at_run`): never replayed."""
+        positions = tuple(i for i, a in enumerate(args) if a is not None and not is_static(a))
+        outputs: list[Any] = []
+
+        def fn(*traced: Any) -> list[Any]:
+            full = list(args)
+            for position, value in zip(positions, traced, strict=True):
+                full[position] = value
+            results = self.op.fn(self.info, *full)
+            traced_outs: list[Any] = []
+            for result in results if isinstance(results, tuple) else (results,):
+                if result is None:
+                    outputs.append(None)
+                elif is_static(result):
+                    outputs.append(("host", result))
+                else:
+                    outputs.append(("traced", len(traced_outs)))
+                    traced_outs.append(result)
+            return traced_outs
+
+        specs = []
+        for i in positions:
+            aval = shaped_abstractify(args[i])
+            specs.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type))
+        with collect_run_checks() as checks:  # kept apart: their tracers are this trace's
+            closed = jax.make_jaxpr(fn)(*specs)
+        if checks:  # a replay would check under the first node's name, or not at all
+            return False
+        return _OpTrace(closed, positions, tuple(outputs))
+
+    def _run(self, env: Env) -> None:
         args = [materialize(env[name]) if name else None for name in self.inputs]
         for position in self.op.static:
             if (
@@ -172,10 +394,8 @@ class _StandardStep(_Step):
         traced = not all(a is None or is_static(a) for a in args)
         if traced:
             self._refuse_narrowing(args)
-        try:
-            results = self.op.fn(self.info, *args)
-        except (TypeError, ValueError) as error:
-            raise _wrap(self.where, error) from None
+        # run() names the node in any error
+        results = self._call(args) if traced else self.op.fn(self.info, *args)
         if not isinstance(results, tuple):
             results = (results,)
         for name, value in zip(self.outputs, results, strict=False):
@@ -199,7 +419,7 @@ class _OptimizerStep(_Step):
         super().__init__(graph, node)
         self.optimizer: OptimizerNode = read_node(node)
 
-    def run(self, env: Env) -> None:
+    def _run(self, env: Env) -> None:
         values = [env[n] for n in self.inputs]
         try:
             results = self._run_packed(values)
@@ -210,6 +430,7 @@ class _OptimizerStep(_Step):
                 ]
                 results = self.optimizer.run(*args)
         except (TypeError, ValueError) as error:
+            # Tagged: a graph's early shape check leaves optimizer nodes to their run.
             wrapped = _wrap(self.where, error)
             wrapped.optimizer_node = True  # type: ignore[attr-defined]
             raise wrapped from None
@@ -292,7 +513,7 @@ class _GradientStep(_Step):
         self.graph = graph
         self.order: list[_Step] = []  # the nodes computing y from xs and zs, set by the graph
 
-    def run(self, env: Env) -> None:
+    def _run(self, env: Env) -> None:
         values = [materialize(env[name]) for name in self.inputs]
         nx = len(self.xs)
         xs_values = [
@@ -308,13 +529,20 @@ class _GradientStep(_Step):
         zs_values = values[nx:]
         base = dict(env)
 
+        replay = _REPLAY.get()
+
         def f(*xs: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
             local = dict(base)
             local.update(zip(self.xs, xs, strict=True))
             local.update(zip(self.zs, zs_values, strict=True))
-            with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
-                for step in self.order:
-                    step.run(local)
+            # Differentiated: calls bound as they are (custom derivative rules kept).
+            token = _REPLAY.set(None if replay is None else replay.faithful())
+            try:
+                with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
+                    for step in self.order:
+                        step.run(local)
+            finally:
+                _REPLAY.reset(token)
             y = to_jax(f"{self.where}: y '{self.y}'", materialize(local[self.y]))
             if not jnp.issubdtype(y.dtype, jnp.inexact):
                 raise TypeError(f"{self.where}: y '{self.y}' has dtype {y.dtype}; it must be float")
@@ -417,7 +645,13 @@ class GraphFunction:
     ``outer_values`` are values the graph reads from outside (a training
     algorithm reads the main graph's initializers); ``opsets`` maps a domain
     ('' for ai.onnx) to the model's opset version (default: the newest);
-    ``max_bytes`` bounds every tensor a standard node computes (``Limits.tensor_bytes``).
+    ``max_bytes`` bounds every tensor a standard node computes (``Limits.tensor_bytes``);
+    ``max_traced_nodes`` the node runs of one trace (``Limits.traced_nodes``: a node
+    inside a Gradient counts :data:`GRADIENT_WORK` times per level of Gradient around
+    it), refused before anything is traced. ``check_shapes``: trace the graph on its
+    declared input shapes, when all are known, to fail at construction; that trace is
+    the one the first call with those shapes compiles. A caller that traces the graph
+    inside its own function (a training step) turns it off.
     """
 
     def __init__(
@@ -428,8 +662,12 @@ class GraphFunction:
         outputs: Sequence[str] | None = None,
         opsets: Mapping[str, int] | None = None,
         max_bytes: int = MAX_TENSOR_BYTES,
+        max_traced_nodes: int = MAX_TRACED_NODES,
+        check_shapes: bool = True,
     ) -> None:
         self.max_bytes = max_bytes
+        self.max_traced_nodes = max_traced_nodes
+        self._nesting = 0  # Gradients whose reach is being found, one inside the other
         self.opsets = {
             ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
         }
@@ -467,6 +705,9 @@ class GraphFunction:
         for index in sorted(needed):
             self._step(index)
         self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
+        self.work = sum(step.work for step in self.order)
+        if self.work > max_traced_nodes:
+            raise self._too_much_work(f"graph '{graph.name}': one trace", self.work)
         # Only the initializers the outputs need are read: an unused one may be huge.
         read = {*self.output_names, *(name for i in needed for name in self._deps(i))}
         values = dict(outer)
@@ -493,7 +734,9 @@ class GraphFunction:
             optimizer_reads.update(dict.fromkeys(step.inputs[first:]))
             other_reads.update(step.inputs[:first])
         self._packable = tuple(n for n in optimizer_reads if n not in other_reads)
-        self._packed_params: tuple[Layout, list[jax.Array], dict[str, Any]] | None = None
+        self._packed_params: tuple[Layout, list[np.ndarray], dict[str, np.ndarray]] | None = None
+        self._device_params: tuple[list[jax.Array], dict[str, jax.Array]] | None = None
+        self._params_shapes: tuple[Layout, list[Any], dict[str, Any]] | None = None
         # Graph inputs read as shapes or axes are compile-time values: one compilation each.
         read_as_shapes = {
             step.inputs[p]
@@ -503,14 +746,38 @@ class GraphFunction:
             if p < len(step.inputs)
         }
         self.static_inputs = tuple(n for n in self.input_names if n in read_as_shapes)
-        if not self.static_inputs:
-            self._check_shapes(graph)
         self._compilations: dict[Any, tuple[Any, list[Layout]]] = {}
+        if check_shapes and not self.static_inputs:
+            self._check_shapes(graph)
 
     # -- structure
 
     def defines(self, name: str) -> bool:
         return name in self._available or name in self._producer
+
+    def _too_much_work(self, what: str, work: int, *, at_least: bool = False) -> ValueError:
+        return ValueError(
+            f"{what} runs {'at least ' if at_least else ''}{work} nodes (a node inside a "
+            f"Gradient counts {GRADIENT_WORK} times per level of Gradient around it: its "
+            "forward, tangent and transpose are traced), more than the limit of "
+            f"{self.max_traced_nodes}; raise it with limits=Limits(traced_nodes=...) if the "
+            "model is yours"
+        )
+
+    def _enter_gradient(self, node: Any) -> None:
+        """One more Gradient nested in the one being read; refused past the work limit.
+
+        A Gradient whose y needs another Gradient traces that one GRADIENT_WORK times,
+        so k nested Gradients run at least GRADIENT_WORK**k nodes: refused before the
+        walk goes deeper (which would also exhaust Python's recursion).
+        """
+        self._nesting += 1
+        if GRADIENT_WORK**self._nesting > self.max_traced_nodes:
+            raise self._too_much_work(
+                f"{describe(node)}: with {self._nesting} Gradients nested in its y, its trace",
+                GRADIENT_WORK**self._nesting,
+                at_least=True,
+            )
 
     def _step(self, index: int) -> _Step:
         if index not in self._steps:
@@ -518,7 +785,14 @@ class GraphFunction:
             self._steps[index] = step
             if isinstance(step, _GradientStep):
                 stop = set(step.xs) | set(step.zs)
-                step.order = [self._step(i) for i in self._topological([step.y], stop, index)]
+                self._enter_gradient(step.node)
+                try:
+                    step.order = [self._step(i) for i in self._topological([step.y], stop, index)]
+                finally:
+                    self._nesting -= 1
+                step.work = 1 + GRADIENT_WORK * sum(inner.work for inner in step.order)
+                if step.work > self.max_traced_nodes:
+                    raise self._too_much_work(f"{step.where}: its trace", step.work)
         return self._steps[index]
 
     def _deps(self, index: int) -> tuple[str, ...]:
@@ -530,7 +804,11 @@ class GraphFunction:
         if domain_of(node) == DOMAIN and node.op_type == GRADIENT:
             self._deps_memo[index] = tuple(deps)  # guards against y depending on itself
             y, stop = _gradient_names(node)
-            reached = self._reach([y] if y else [], stop, index)
+            self._enter_gradient(node)
+            try:
+                reached = self._reach([y] if y else [], stop, index)
+            finally:
+                self._nesting -= 1
             produced = {n for i in reached for n in self._nodes[i].output}
             for i in reached:
                 deps += [n for n in self._deps(i) if n not in produced and n not in stop]
@@ -639,9 +917,21 @@ class GraphFunction:
                 dtype = tensor_dtype(kind.elem_type, f"graph input '{name}'")
             except ValueError:
                 return
-            specs[name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
+            # Stand-ins packed as the caller's arrays will be: zeros where small (a
+            # buffer's part), shapes alone where large.
+            size = int(np.prod(dims))
+            specs[name] = (
+                np.zeros(dims, dtype)
+                if size < PACK_BELOW
+                else jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
+            )
+        layout, buffers, own = pack(specs, self._packable)
+        p_buffers, p_own = self._params_layout()[1:]
+        arguments = jax.tree.map(_abstract, (buffers, own, p_buffers, p_own))
         try:
-            jax.eval_shape(self.apply, specs, self.params)
+            # The jitted function a first call of these shapes runs: JAX keeps this trace
+            # for it, so the graph is traced once for both.
+            self._compiled({}, layout)[0].trace(*arguments)
         except (TypeError, ValueError) as error:
             # Optimizer nodes check their arguments when they run (declared shapes of
             # optimizer inputs are not binding); everything else fails here.
@@ -651,19 +941,29 @@ class GraphFunction:
     # -- running
 
     def apply(
-        self, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+        self,
+        inputs: Mapping[str, Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        differentiable: bool = True,
     ) -> tuple[Any, ...]:
         """The graph's outputs from its inputs (a pure function: jit it, differentiate it).
 
         ``params`` replaces float initializers by name (default: the model's values).
         Conditions only known at run time (an index read from a feed) are checked
         when the values are known (run eagerly), else dropped: :meth:`apply_checked`
-        returns them.
+        returns them. ``differentiable=False`` promises that nothing differentiates
+        the result (a compiled training step): the trace then drops custom derivative
+        rules it would otherwise keep (Relu's at 0), which makes it cheaper.
         """
-        return self.apply_checked(inputs, params)[0]
+        return self.apply_checked(inputs, params, differentiable=differentiable)[0]
 
     def apply_checked(
-        self, inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None
+        self,
+        inputs: Mapping[str, Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        differentiable: bool = True,
     ) -> tuple[tuple[Any, ...], RunChecks]:
         """:meth:`apply`, and the run-time checks of its ops; after the run,
         :func:`raise_failed` raises the first that failed, naming its node."""
@@ -672,16 +972,25 @@ class GraphFunction:
         env.update(params or {})
         env.update(inputs)
         with collect_run_checks() as checks:
-            outputs = tuple(materialize(value) for value in self._evaluate(env))
+            values = self._evaluate(env, differentiable=differentiable)
+            outputs = tuple(materialize(value) for value in values)
         return outputs, RunChecks.of(checks)
 
-    def _evaluate(self, env: Env) -> tuple[Any, ...]:
-        """Runs the nodes on ``env``; the outputs, Parts of packed buffers left as they are."""
+    def _evaluate(self, env: Env, *, differentiable: bool = True) -> tuple[Any, ...]:
+        """Runs the nodes on ``env``; the outputs, Parts of packed buffers left as they are.
+
+        ``differentiable``: the caller may differentiate the result, so custom
+        derivative rules are kept (see :class:`_Replay`).
+        """
+        replay = _REPLAY.set(_Replay(inline=not differentiable))
         # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
         # semantics here, whatever the caller's jax_numpy_rank_promotion says.
-        with jax.numpy_rank_promotion("allow"):
-            for step in self.order:
-                step.run(env)
+        try:
+            with jax.numpy_rank_promotion("allow"), paused_gc():
+                for step in self.order:
+                    step.run(env)
+        finally:
+            _REPLAY.reset(replay)
         outputs = tuple(env[name] for name in self.output_names)
         for name, value in zip(self.output_names, outputs, strict=True):
             if is_static(value):  # computed while tracing: it becomes a JAX array here
@@ -716,21 +1025,20 @@ class GraphFunction:
             for n, v in named.items()
         }
         layout, buffers, own = pack(feeds, self._packable)
-        if self._packed_params is None:  # on the device once, for every run
-            checked = {n: host_array(f"initializer '{n}'", v) for n, v in self.params.items()}
-            p_layout, host_buffers, host_own = pack(checked, self._packable)
-            self._packed_params = (
-                p_layout,
+        if self._device_params is None:  # on the device once, for every run
+            _, host_buffers, host_own = self._host_params()
+            self._device_params = (
                 [jnp.asarray(b) for b in host_buffers],
                 {n: jnp.asarray(v) for n, v in host_own.items()},
             )
-        _, p_buffers, p_own = self._packed_params
+        p_buffers, p_own = self._device_params
         arguments = (buffers, own, p_buffers, p_own)
         if device is not None:
             arguments = jax.device_put(arguments, device)
         compiled, out_layout = self._compiled(fixed, layout)
         try:
-            out_buffers, out_own, checks = compiled(*arguments)
+            with paused_gc():  # the first call of a signature traces and lowers
+                out_buffers, out_own, checks = compiled(*arguments)
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -747,6 +1055,28 @@ class GraphFunction:
             for name, dtype in zip(self.output_names, self.output_dtypes, strict=True)
         ]
 
+    def _host_params(self) -> tuple[Layout, list[np.ndarray], dict[str, np.ndarray]]:
+        """The float initializers, checked and packed on the host once (see ``pack``)."""
+        if self._packed_params is None:
+            checked = {n: host_array(f"initializer '{n}'", v) for n, v in self.params.items()}
+            self._packed_params = pack(checked, self._packable)
+        return self._packed_params
+
+    def _params_layout(self) -> tuple[Layout, list[jax.ShapeDtypeStruct], dict[str, Any]]:
+        """How the initializers are packed, and the shapes of the packed arguments.
+
+        Their values are not checked here (the first call does that, :meth:`_host_params`),
+        so that a graph whose initializers JAX cannot hold still prepares.
+        """
+        if self._params_shapes is None:
+            layout, buffers, own = pack(self.params, self._packable)
+            self._params_shapes = (
+                layout,
+                jax.tree.map(_abstract, buffers),
+                jax.tree.map(_abstract, own),
+            )
+        return self._params_shapes
+
     @property
     def compilations(self) -> int:
         """How many times the graph has been compiled (once per input signature)."""
@@ -762,8 +1092,7 @@ class GraphFunction:
             tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(fixed.items())),
         )
         if key not in self._compilations:
-            assert self._packed_params is not None
-            p_layout = self._packed_params[0]
+            p_layout = self._params_layout()[0]
             out_layout: list[Layout] = []
 
             def run(
@@ -776,13 +1105,73 @@ class GraphFunction:
                 env.update(own)
                 env.update(fixed)
                 with collect_run_checks() as checks:
-                    values = self._evaluate(env)
+                    values = self._evaluate(env, differentiable=False)
                 packed, out_buffers, out_own = outputs_of(values, self.output_names)
                 out_layout[:] = [packed]
                 return out_buffers, out_own, RunChecks.of(checks)
 
-            self._compilations[key] = (jax.jit(run), out_layout)
+            self._compilations[key] = (jax.jit(flattened(run)), out_layout)
         return self._compilations[key]
+
+
+# Call-like primitives whose body a compiled graph runs inline (see flattened).
+_INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"}
+
+
+def _inline(closed: Any, *args: Any, calls: bool = True) -> list[Any]:
+    """Binds a jaxpr's equations on the current trace; ``calls``: their bodies inlined.
+
+    Without ``calls`` it is ``jax.core.eval_jaxpr``: every equation bound as it is.
+    """
+    from jax.extend.core import Literal
+
+    env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+    env.update(zip(closed.jaxpr.invars, args, strict=True))
+
+    def read(var: Any) -> Any:
+        return var.val if isinstance(var, Literal) else env[var]
+
+    for eqn in closed.jaxpr.eqns:
+        values = [read(v) for v in eqn.invars]
+        body = _INLINED.get(eqn.primitive.name) if calls else None
+        if body is not None:
+            outs = _inline(eqn.params[body], *values)
+        else:  # as jax.core.eval_jaxpr binds it (older JAX returns subfuns apart)
+            bound = eqn.primitive.get_bind_params(eqn.params)
+            subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*subfuns, *values, **params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in closed.jaxpr.outvars]
+
+
+def flattened(fn: Any) -> Any:
+    """``fn`` traced, then re-emitted with every call inlined, for a compiled graph.
+
+    The op functions call jax.numpy and jax.nn, whose jitted helpers (Relu's
+    custom_jvp around a jit, norms, ...) lower to one MLIR function call per
+    node; XLA then inlines them one by one, which cost more than the rest of
+    its compile for a 20,000-node chain. Nothing differentiates the compiled
+    graph itself (Gradient nodes are already transposed inside the trace), so
+    the custom derivative rules are not needed there.
+    """
+
+    def flat(*args: Any) -> Any:
+        with paused_gc():
+            closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+            outs = _inline(closed, *jax.tree.leaves(args))
+        return jax.tree.unflatten(jax.tree.structure(shape), outs)
+
+    return flat
+
+
+def _abstract(value: Any) -> Any:
+    """A value's shape and the dtype JAX gives it, as a jitted function's trace sees it."""
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return value
+    return jax.ShapeDtypeStruct(np.shape(value), jax.dtypes.canonicalize_dtype(value.dtype))
 
 
 def node_graph(node: Any) -> Any:

@@ -46,6 +46,9 @@ class Limits(NamedTuple):
     op_width: int = 1024
     file_bytes: int = 2**31 - 1  # the serialized model (protobuf's own limit)
     tensor_bytes: int = 16 * 2**30  # declared bytes of all tensors together
+    # Node runs one trace of a graph makes, a node inside a Gradient counted 3 times per
+    # level of Gradient around it (nested Gradients grow 3x a level); refused before tracing.
+    traced_nodes: int = 1_000_000
 
 
 DEFAULT_LIMITS = Limits()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -15,7 +15,7 @@ from onnx_optax._src.onnx_graph import increment_problem
 from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
 from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.registry import OPERATORS
-from onnx_optax.training._combined import Entry
+from onnx_optax.training._combined import Entry, MainGraph
 from onnx_optax.training._model import (
     abstract,
     as_model,
@@ -24,7 +24,7 @@ from onnx_optax.training._model import (
     opsets,
     read_initializers,
 )
-from onnx_optax.training._plan import NEVER, WEIGHT, kinds_of
+from onnx_optax.training._plan import NEVER, WEIGHT, Kinds
 
 
 def _binding_problems(
@@ -77,9 +77,32 @@ def _shape_problems(
     return problems
 
 
-def _entry_problems(
-    model: onnx.ModelProto, index: int, initializers: Mapping[str, np.ndarray]
-) -> list[str]:
+class _Model:
+    """What every entry's check reads of the model, computed once (not once per entry)."""
+
+    def __init__(self, model: onnx.ModelProto, initializers: Mapping[str, np.ndarray]) -> None:
+        main = model.graph
+        self.model = model
+        self.initializers = initializers
+        self.sources = {i.name for i in main.input} | set(initializers)
+        self.produced = {n for node in main.node for n in node.output}
+        self.state = {n: initializers[n] for n in mutable(model)}
+        self.main = MainGraph(model)
+        self._kinds: Kinds | None = None
+
+    def kinds(self) -> Kinds:
+        """The plan's rule over the inference graph and every algorithm (built once)."""
+        if self._kinds is None:
+            self._kinds = Kinds(
+                self.model.graph,
+                [n for info in self.model.training_info for n in info.algorithm.node],
+            )
+        return self._kinds
+
+
+def _entry_problems(context: _Model, index: int, entries: list[Entry]) -> list[str]:
+    """The problems of one entry; its :class:`Entry`, when it builds, appended to ``entries``."""
+    model, initializers = context.model, context.initializers
     info = model.training_info[index]
     where = f"training_info[{index}]"
     problems: list[str] = []
@@ -103,14 +126,12 @@ def _entry_problems(
         where, "update_binding", info.update_binding, initializers, outputs, "algorithm"
     )
     binding = {e.key: e.value for e in info.update_binding}
-    main = model.graph
-    sources = (
-        {i.name for i in main.input}
-        | set(initializers)
-        | {i.name for i in algorithm.input}
-        | {i.name for i in algorithm.initializer}
-    )
-    defined = sources | {n for node in (*main.node, *algorithm.node) for n in node.output}
+    own = {i.name for i in algorithm.input} | {i.name for i in algorithm.initializer}
+    produced = {n for node in algorithm.node for n in node.output}
+
+    def source(name: str) -> bool:
+        return name in context.sources or name in own
+
     for node in algorithm.node:
         if node.domain == DOMAIN and node.op_type == GRADIENT:
             try:
@@ -118,24 +139,25 @@ def _entry_problems(
             except ValueError as error:
                 problems.append(f"{where}: {error}")
                 continue
-            bad = [x for x in xs if x not in sources]
+            bad = [x for x in xs if not source(x)]
             if bad:
                 problems.append(
                     f"{where}: {describe(node)}: xs {bad} are not initializers or inputs"
                 )
-            if y not in defined:
+            if not (source(y) or y in context.produced or y in produced):
                 problems.append(f"{where}: {describe(node)}: y '{y}' names no tensor of the graph")
             else:
-                problems += _trained_problems(where, node, model, xs, y, initializers)
+                problems += _trained_problems(where, node, context, xs, y)
         elif node.domain == DOMAIN and node.op_type in OPERATORS:
             problems += _optimizer_problems(where, node, binding, initializers, algorithm)
     if any(getattr(p, "blocking", True) for p in problems):
         return problems
-    state = {n: initializers[n] for n in mutable(model)}
+    state = context.state
     try:
-        entry = Entry(model, index, state, initializers)
+        entry = Entry(model, index, state, initializers, context.main)
     except (TypeError, ValueError, NotImplementedError) as error:
         return [f"{where}: {error}"]
+    entries.append(entry)
     specs = {}
     for value in entry.feeds:
         elem, dims = declared(value)
@@ -159,17 +181,17 @@ def _entry_problems(
         specs[value.name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
     try:
         values = jax.eval_shape(
-            lambda s, f: entry.function.apply({**f, **s}, entry.constants),
-            {n: abstract(v) for n, v in state.items()},
+            lambda s, f: entry.function.apply({**f, **s}, entry.constants, differentiable=False),
+            {n: abstract(state[n]) for n in entry.reads},
             specs,
         )
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, NotImplementedError) as error:
         return [f"{where}: the algorithm does not run on its declared inputs: {error}"]
     found = dict(zip(entry.outputs, values, strict=True))
     problems += _shape_problems(where, "update_binding", binding, found, initializers)
     if len(init_graph.node) or len(init_graph.output):
         try:
-            init_fn = GraphFunction(init_graph, opsets=opsets(model))
+            init_fn = GraphFunction(init_graph, opsets=opsets(model), check_shapes=False)
             shapes = jax.eval_shape(lambda: init_fn.apply({}))
         except (TypeError, ValueError, NotImplementedError) as error:
             return [*problems, f"{where}: the initialization graph does not run: {error}"]
@@ -199,12 +221,7 @@ class Problem(str):
 
 
 def _trained_problems(
-    where: str,
-    node: onnx.NodeProto,
-    model: onnx.ModelProto,
-    xs: Sequence[str],
-    y: str,
-    initializers: Mapping[str, np.ndarray],
+    where: str, node: onnx.NodeProto, context: _Model, xs: Sequence[str], y: str
 ) -> list[str]:
     """Gradient ``xs`` that :func:`plan`'s rule does not call weights, each named with why.
 
@@ -212,16 +229,11 @@ def _trained_problems(
     them); constants, hyperparameters and weights ``y`` does not reach are
     warnings.
     """
-    main = model.graph
+    initializers = context.initializers
     stored = [x for x in xs if x in initializers]
     if not stored:
         return []
-    kinds = kinds_of(
-        main,
-        [n for info in model.training_info for n in info.algorithm.node],
-        {x: initializers[x] for x in stored},
-        y,
-    )
+    kinds = context.kinds()({x: initializers[x] for x in stored}, y)
     problems: list[str] = []
     for x in stored:
         kind, why = kinds[x]
@@ -339,14 +351,35 @@ def check(model: Any) -> list[Problem]:
     preprocessing, a non-finite tensor) or a weight ``y`` does not depend on.
     Each message names the entry and the node or binding.
     """
-    model = as_model(model)
+    return checked_entries(as_model(model)).problems
+
+
+class Checked(NamedTuple):
+    """What :func:`check` found, and what it built on the way (for :class:`Session`)."""
+
+    problems: list[Problem]
+    entries: list[Entry]  # one per training_info entry when nothing blocks, else partial
+    initializers: dict[str, np.ndarray]  # the main graph's, read once
+
+
+def checked_entries(model: onnx.ModelProto) -> Checked:
+    """:func:`check` of a loaded model, with the entries it built and the initializers read.
+
+    Linear in the model: what every entry reads of the main graph is indexed once.
+    """
     if not model.training_info:
-        return [Problem("the model has no training_info: there is no training algorithm")]
+        return Checked(
+            [Problem("the model has no training_info: there is no training algorithm")], [], {}
+        )
     try:
         initializers = read_initializers(model)
     except (TypeError, ValueError) as error:
-        return [Problem(str(error))]
+        return Checked([Problem(str(error))], [], {})
+    context = _Model(model, initializers)
     problems: list[str] = []
+    entries: list[Entry] = []
     for index in range(len(model.training_info)):
-        problems += _entry_problems(model, index, initializers)
-    return [p if isinstance(p, Problem) else Problem(p) for p in problems]
+        problems += _entry_problems(context, index, entries)
+    return Checked(
+        [p if isinstance(p, Problem) else Problem(p) for p in problems], entries, initializers
+    )

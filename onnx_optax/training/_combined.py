@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_optax._src.graph import GraphFunction, to_jax
-from onnx_optax._src.onnx_nodes import describe
-from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.graph import GRADIENT, GraphFunction, to_jax
+from onnx_optax._src.onnx_nodes import DOMAIN, describe
+from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.ops import STANDARD_DOMAINS, RunChecks
 from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._model import declared, opsets, value_info
@@ -35,8 +35,85 @@ class Target(NamedTuple):
     where: str  # the node, for messages
 
 
+class View(NamedTuple):
+    """The fields of a ``GraphProto`` that :class:`GraphFunction` reads, without copying nodes."""
+
+    name: str
+    node: Sequence[onnx.NodeProto]
+    input: Sequence[onnx.ValueInfoProto]
+    output: Sequence[onnx.ValueInfoProto]
+    initializer: Sequence[onnx.TensorProto]
+    value_info: Sequence[onnx.ValueInfoProto]
+
+
+class MainGraph:
+    """A training model's inference graph, indexed once for all its entries.
+
+    Each entry runs the main-graph nodes its algorithm reaches, and only those:
+    an entry's graph is built from this index in time proportional to what it
+    reads, not to the main graph (2,000 entries of a large model each copied
+    and indexed the whole graph).
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        main = model.graph
+        self.name = main.name
+        self.position: dict[str, int] = {}  # tensor name -> index of the node computing it
+        self.nodes = list(main.node)
+        self.initializers = {i.name: i for i in main.initializer}
+        self.inputs = {i.name: i for i in main.input if i.name not in self.initializers}
+        self.problem: str | None = None  # a name defined twice, refused by every entry
+        for index, node in enumerate(self.nodes):
+            for name in node.output:
+                if not name:
+                    continue
+                if name in self.position or name in self.initializers or name in self.inputs:
+                    self.problem = self.problem or (
+                        f"{describe(node)}: output '{name}' is already defined"
+                    )
+                self.position.setdefault(name, index)
+        self.value_info = {v.name: v for v in (*main.value_info, *main.output)}
+        # Where each graph input and initializer stands, to keep an entry's in that order.
+        self.order = {name: k for k, name in enumerate([*self.inputs, *self.initializers])}
+
+    def in_order(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` that are graph inputs or initializers, in the graph's order."""
+        return sorted((n for n in names if n in self.order), key=self.order.__getitem__)
+
+    def reached(self, names: Iterable[str]) -> list[int]:
+        """The nodes computing ``names``, through node inputs and Gradient ys, in graph order."""
+        found: set[int] = set()
+        todo = [n for n in names if n]
+        while todo:
+            index = self.position.get(todo.pop())
+            if index is None or index in found:
+                continue
+            found.add(index)
+            todo += _reads(self.nodes[index])
+        return sorted(found)
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs and, for Gradient, its y, xs and zs."""
+    names = [n for n in node.input if n]
+    if node.op_type == GRADIENT and node.domain == DOMAIN:
+        for attribute in node.attribute:
+            if attribute.name == "y" and attribute.type == onnx.AttributeProto.STRING:
+                names.append(utf8(attribute.s, f"{describe(node)}: attribute 'y'"))
+            elif attribute.name in ("xs", "zs"):
+                names += [
+                    utf8(v, f"{describe(node)}: attribute '{attribute.name}'")
+                    for v in attribute.strings
+                ]
+    return names
+
+
 class Entry:
-    """One training_info entry as one function of (state, feeds, constants), for jit."""
+    """One training_info entry as one function of (state, feeds, constants), for jit.
+
+    Its graph holds the algorithm's nodes and the main-graph nodes they reach; its
+    inputs are the feeds and the bound initializers it reads (:attr:`reads`).
+    """
 
     def __init__(
         self,
@@ -44,33 +121,64 @@ class Entry:
         index: int,
         state: Mapping[str, np.ndarray],
         initializers: Mapping[str, np.ndarray],
+        main: MainGraph | None = None,
     ) -> None:
+        del initializers  # the main graph's, by name in main
+        main = MainGraph(model) if main is None else main
+        if main.problem is not None:
+            raise ValueError(main.problem)
         info = model.training_info[index]
+        algorithm = info.algorithm
         self.where = f"training_info[{index}]"
         self.binding = {e.key: e.value for e in info.update_binding}
-        main = model.graph
-        inputs = [i for i in main.input if i.name not in initializers]
+        # Names the algorithm defines must not be the main graph's: refused by the node,
+        # as the combined graph would.
+        own = {*(i.name for i in algorithm.input), *(i.name for i in algorithm.initializer)}
+        for node in algorithm.node:
+            for name in node.output:
+                if name in main.position or name in main.initializers or name in main.inputs:
+                    raise ValueError(f"{describe(node)}: output '{name}' is already defined")
+        for name in own:
+            if name in main.position:
+                clash = main.nodes[main.position[name]]
+                raise ValueError(f"{describe(clash)}: output '{name}' is already defined")
+        wanted = [name for node in algorithm.node for name in _reads(node)]
+        wanted += [o.name for o in algorithm.output]
+        nodes = [main.nodes[i] for i in main.reached(wanted)]
+        read = {*wanted, *(name for node in nodes for name in _reads(node))}
+        read -= own
+        outer = main.in_order(read)
+        read_state = [n for n in outer if n in state]
+        inputs = [main.inputs[n] for n in outer if n in main.inputs]
         inputs += [
-            value_info(n, int(helper.np_dtype_to_tensor_dtype(v.dtype)), list(v.shape))
-            for n, v in state.items()
+            value_info(
+                n, int(helper.np_dtype_to_tensor_dtype(state[n].dtype)), list(state[n].shape)
+            )
+            for n in read_state
         ]
-        inputs += list(info.algorithm.input)
-        constants = [i for i in main.initializer if i.name not in state]
-        graph = helper.make_graph(
-            [*main.node, *info.algorithm.node],
-            f"{main.name}+{info.algorithm.name}",
+        inputs += list(algorithm.input)
+        constants = [
+            main.initializers[n] for n in outer if n in main.initializers and n not in state
+        ]
+        produced = {name for node in (*nodes, *algorithm.node) for name in node.output}
+        graph = View(
+            f"{main.name}+{algorithm.name}",
+            [*nodes, *algorithm.node],
             inputs,
-            list(info.algorithm.output),
-            initializer=[*constants, *info.algorithm.initializer],
+            list(algorithm.output),
+            [*constants, *algorithm.initializer],
+            [main.value_info[n] for n in read | produced if n in main.value_info],
         )
-        self.function = GraphFunction(graph, opsets=opsets(model))
+        self.function = GraphFunction(graph, opsets=opsets(model), check_shapes=False)
         if self.function.static_inputs:
             raise ValueError(
                 f"{self.where}: inputs {list(self.function.static_inputs)} are read as shapes; "
                 "a training step cannot take them as data"
             )
-        used = _used(self.function.order)
+        used = _used(self.function.order) | set(self.function.output_names)
         self.feeds = [i for i in graph.input if i.name not in state and i.name in used]
+        # The bound initializers the step reads, in the graph's order.
+        self.reads = [n for n in read_state if n in used]
         self.outputs = [o.name for o in info.algorithm.output]
         bound = set(self.binding.values())
         self.reported = [n for n in self.outputs if n not in bound]
@@ -88,36 +196,23 @@ class Entry:
         self._opsets = opsets(model)
         self._scores: GraphFunction | None = None
 
-        def checked_step(
-            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
-        ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], RunChecks]:
-            """The unbound outputs, the new state and the run-time checks (raise_failed)."""
-            outputs, checks = self.function.apply_checked({**feeds, **state}, constants)
-            values = dict(zip(self.outputs, outputs, strict=True))
-            new = {k: values[self.binding[k]] if k in self.binding else v for k, v in state.items()}
-            return {n: values[n] for n in self.reported}, new, checks
+    def step(
+        self,
+        state: Mapping[str, jax.Array],
+        feeds: Mapping[str, jax.Array],
+        constants: Mapping[str, Any],
+    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], RunChecks]:
+        """The unbound outputs, the new value of each bound initializer and the run-time
+        checks (traced, for jit; :func:`raise_failed` raises the first that failed).
 
-        def step(
-            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
-        ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-            return checked_step(state, feeds, constants)[:2]
-
-        def evaluate(
-            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
-        ) -> tuple[dict[str, jax.Array], RunChecks]:
-            reported, _, checks = checked_step(state, feeds, constants)
-            return reported, checks
-
-        def checks(
-            state: dict[str, jax.Array], feeds: dict[str, jax.Array], constants: dict[str, Any]
-        ) -> RunChecks:
-            return checked_step(state, feeds, constants)[2]
-
-        self.checked_step = checked_step  # traced once per signature (eval_shape)
-        self.step = step  # jitted with the state donated: its checks run before it
-        self.evaluate = evaluate  # the unbound outputs alone: XLA drops the update
-        # The run-time checks alone: XLA keeps only what they read (class labels, indices).
-        self.checks = checks
+        ``state`` holds at least :attr:`reads`. Nothing differentiates a step, so
+        the trace drops custom derivative rules (``differentiable=False``).
+        """
+        inputs = {**feeds, **{n: state[n] for n in self.reads}}
+        outputs, checks = self.function.apply_checked(inputs, dict(constants), differentiable=False)
+        values = dict(zip(self.outputs, outputs, strict=True))
+        updates = {key: values[name] for key, name in self.binding.items()}
+        return {n: values[n] for n in self.reported}, updates, checks
 
     def check_feeds(self, inputs: Mapping[str, Any], dims: dict[str, Any]) -> dict[str, Any]:
         """The feeds of a step, checked (see :func:`check_feeds`), as JAX arrays."""
@@ -134,6 +229,7 @@ class Entry:
                 outer_values={**self.function.static, **self.function.params},
                 outputs=list(dict.fromkeys(t.scores for t in self.targets)),
                 opsets=self._opsets,
+                check_shapes=False,  # traced just below, on the feeds' shapes
             )
         scores = self._scores
         shapes = jax.eval_shape(lambda inputs: scores.apply(inputs), {**feeds, **state})
@@ -279,9 +375,7 @@ def _nodes(steps: Sequence[Any]) -> list[onnx.NodeProto]:
     return list(found.values())
 
 
-def _targets(
-    graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto], feeds: set[str]
-) -> list[Target]:
+def _targets(graph: View, nodes: Sequence[onnx.NodeProto], feeds: set[str]) -> list[Target]:
     """The class losses among ``nodes`` whose labels are a feed, through Identity and Cast."""
     producer = {name: node for node in graph.node for name in node.output if name}
     targets = []

@@ -499,30 +499,42 @@ def _stored(graph: onnx.GraphProto) -> frozenset[str]:
     return frozenset({*(i.name for i in graph.initializer), *constants})
 
 
+class Kinds:
+    """The kinds of a training model's initializers, for the ys of its Gradient nodes.
+
+    The inference graph's nodes decide the uses; ``y`` (a loss the
+    ``algorithm`` nodes compute from the inference graph) decides the reach.
+    The graphs are indexed once, for any number of Gradient nodes.
+    """
+
+    def __init__(self, main: onnx.GraphProto, algorithm: Sequence[onnx.NodeProto]) -> None:
+        stored = _stored(main)
+        inputs = frozenset(i.name for i in main.input if i.name not in stored)
+        outputs = frozenset(o.name for o in main.output)
+        self.graph = _Graph([n for n in main.node if _op(n) is not None], inputs, outputs, stored)
+        both = [n for n in (*main.node, *algorithm) if _op(n) is not None]
+        self.both = _Graph(both, inputs, outputs, stored)
+
+    def __call__(self, values: Mapping[str, np.ndarray], y: str) -> dict[str, tuple[str, str]]:
+        """The kind of each of ``values`` (initializers of the inference graph) for ``y``."""
+        reached = self.both.reached(y)
+        kinds = {}
+        for name, value in values.items():
+            kind, why = _kind(self.graph, name, value)
+            if kind not in (*NEVER, "unreached") and name not in reached:
+                kind, why = "unreached", f"'{y}' does not depend on it"
+            kinds[name] = (kind, why)
+        return kinds
+
+
 def kinds_of(
     main: onnx.GraphProto,
     algorithm: Sequence[onnx.NodeProto],
     values: Mapping[str, np.ndarray],
     y: str,
 ) -> dict[str, tuple[str, str]]:
-    """The kind of each of ``values`` (initializers of ``main``) in a training model.
-
-    The inference graph's nodes decide the uses; ``y`` (the loss the
-    ``algorithm`` nodes compute from the inference graph) decides the reach.
-    """
-    stored = _stored(main)
-    inputs = frozenset(i.name for i in main.input if i.name not in stored)
-    outputs = frozenset(o.name for o in main.output)
-    graph = _Graph([n for n in main.node if _op(n) is not None], inputs, outputs, stored)
-    both = [n for n in (*main.node, *algorithm) if _op(n) is not None]
-    reached = _Graph(both, inputs, outputs, stored).reached(y)
-    kinds = {}
-    for name, value in values.items():
-        kind, why = _kind(graph, name, value)
-        if kind not in (*NEVER, "unreached") and name not in reached:
-            kind, why = "unreached", f"'{y}' does not depend on it"
-        kinds[name] = (kind, why)
-    return kinds
+    """The kind of each of ``values`` (initializers of ``main``) in a training model."""
+    return Kinds(main, algorithm)(values, y)
 
 
 def lift(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

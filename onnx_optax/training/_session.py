@@ -14,10 +14,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
 from onnx_optax._src import checks
-from onnx_optax._src.graph import GraphFunction, to_jax
+from onnx_optax._src.graph import GraphFunction, flattened, paused_gc, to_jax
+from onnx_optax._src.load import DEFAULT_LIMITS
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops import raise_failed
-from onnx_optax.training._check import check
+from onnx_optax._src.ops import RunChecks, raise_failed
+from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
@@ -29,7 +30,6 @@ from onnx_optax.training._model import (
     declared,
     mutable,
     opsets,
-    read_initializers,
 )
 from onnx_optax.training._rate import Rate, scale_reaching
 
@@ -91,18 +91,23 @@ class Session:
             self._replicated = NamedSharding(mesh, PartitionSpec())
             self._split = NamedSharding(mesh, PartitionSpec("batch"))
         loaded = as_model(model)
-        problems = [p for p in check(loaded) if p.blocking]
+        checked = checked_entries(loaded)
+        problems = [p for p in checked.problems if p.blocking]
         if problems:
             raise TrainingModelError(problems)
-        initializers = read_initializers(loaded)
+        initializers = checked.initializers
         names = mutable(loaded)
         self._dtypes = {n: initializers[n].dtype for n in names}
         self._order = list(initializers)
         self._fixed = {n: v for n, v in initializers.items() if n not in self._dtypes}
-        self._entries = [
-            Entry(loaded, index, {n: initializers[n] for n in names}, initializers)
-            for index in range(len(loaded.training_info))
-        ]
+        self._entries = checked.entries  # built by the check, used as they are
+        work = sum(entry.function.work for entry in self._entries)
+        if work > DEFAULT_LIMITS.traced_nodes:
+            raise ValueError(
+                f"one step of the {len(self._entries)} training_info entries runs {work} nodes "
+                "(a node inside a Gradient counts 3 times per level of Gradient around it), "
+                f"more than the limit of {DEFAULT_LIMITS.traced_nodes} (Limits.traced_nodes)"
+            )
         # The model without the bound initializers' data (the state holds it).
         if loaded is model:
             loaded = onnx.ModelProto()
@@ -119,10 +124,13 @@ class Session:
         shard: dict[str, Any] = (
             {} if self._replicated is None else {"out_shardings": self._replicated}
         )
-        self._steps = [jax.jit(e.step, donate_argnums=0, **shard) for e in self._entries]
-        self._evaluations = [jax.jit(e.evaluate, **shard) for e in self._entries]
-        self._run_checks = [jax.jit(e.checks, **shard) for e in self._entries]
-        # The feed signatures whose updates were checked: whether their ops check at run time.
+        # Every entry in one compiled function (one trace and one XLA compile per feed
+        # signature, however many entries), the state donated; the run-time checks
+        # (indices and labels only known then) alone in another, run first.
+        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **shard)
+        self._checks = jax.jit(flattened(lambda *a: self._step_all(*a)[2]), **shard)
+        self._evaluate = jax.jit(flattened(self._evaluate_all), **shard)
+        # The feed signatures traced for a step: whether their ops check at run time.
         self._checked: dict[Any, bool] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
@@ -295,39 +303,64 @@ class Session:
                     converted[name] = from_python(entry.where, name, converted[name], want)
         return converted
 
-    def _checked_feeds(self, inputs: Mapping[str, Any], *, step: bool) -> list[dict[str, Any]]:
+    def _checked_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every entry's feeds, all checked before any is used.
 
-        Per feed signature (traced once, not run): for a step, that each update
-        keeps its initializer's shape and dtype; and the class count of each
-        loss node whose labels are a feed, against which the labels are
-        checked on every call.
+        Per feed signature (traced once, not run): the class count of each loss
+        node whose labels are a feed, against which the labels are checked on
+        every call. That each update keeps its initializer's shape and dtype is
+        checked while the step is traced, before it runs.
         """
         inputs = self._from_python(inputs)
         all_feeds = self._all_feeds(inputs)
-        for entry, feeds, constants in zip(self._entries, all_feeds, self._constants, strict=True):
-            key = self._signature(entry, feeds)
-            if step and key not in self._checked:
-                state = {n: abstract(v) for n, v in self._state.items()}
-                _, new, checks = jax.eval_shape(entry.checked_step, state, feeds, constants)
-                for n, spec in new.items():
-                    if spec.shape != state[n].shape or spec.dtype != state[n].dtype:
-                        raise ValueError(
-                            f"{entry.where}: update_binding['{n}'] gives {spec.dtype}"
-                            f"{list(spec.shape)} for these feeds; the initializer is "
-                            f"{state[n].dtype}{list(state[n].shape)}"
-                        )
-                self._checked[key] = len(checks) > 0
+        for entry, feeds in zip(self._entries, all_feeds, strict=True):
             if entry.targets:
+                key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
                 if key not in self._classes:
-                    state = {n: abstract(v) for n, v in self._state.items()}
+                    state = {n: abstract(self._state[n]) for n in entry.reads}
                     self._classes[key] = entry.classes(state, feeds)
                 entry.check_targets(inputs, self._classes[key])
         return all_feeds
 
-    @staticmethod
-    def _signature(entry: Entry, feeds: Mapping[str, Any]) -> Any:
-        return (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
+    def _step_all(
+        self,
+        state: dict[str, jax.Array],
+        all_feeds: list[dict[str, jax.Array]],
+        all_constants: list[dict[str, Any]],
+    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], list[RunChecks]]:
+        """Every entry in order, each reading the state the previous ones left (for jit);
+        the unbound outputs, the new state and each entry's run-time checks."""
+        state = dict(state)
+        reported: dict[str, jax.Array] = {}
+        run_checks = []
+        for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
+            outputs, updates, entry_checks = entry.step(state, feeds, constants)
+            for n, value in updates.items():  # while tracing: before anything runs
+                if value.shape != state[n].shape or value.dtype != state[n].dtype:
+                    raise ValueError(
+                        f"{entry.where}: update_binding['{n}'] gives {value.dtype}"
+                        f"{list(value.shape)} for these feeds; the initializer is "
+                        f"{state[n].dtype}{list(state[n].shape)}"
+                    )
+            state.update(updates)
+            reported.update(outputs)
+            run_checks.append(entry_checks)
+        return reported, state, run_checks
+
+    def _evaluate_all(
+        self,
+        state: dict[str, jax.Array],
+        all_feeds: list[dict[str, jax.Array]],
+        all_constants: list[dict[str, Any]],
+    ) -> tuple[dict[str, jax.Array], list[RunChecks]]:
+        """Every entry's unbound outputs from the same state (XLA drops the updates)."""
+        reported: dict[str, jax.Array] = {}
+        run_checks = []
+        for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
+            outputs, _, entry_checks = entry.step(state, feeds, constants)
+            reported.update(outputs)
+            run_checks.append(entry_checks)
+        return reported, run_checks
 
     def step(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One step of every entry in order; returns the algorithms' unbound outputs.
@@ -339,17 +372,24 @@ class Session:
         or a label the graph computes, outside its axis or classes), so a step
         that fails leaves :attr:`initializers` unchanged.
         """
-        all_feeds = self._checked_feeds(inputs, step=True)
-        outputs: dict[str, np.ndarray] = {}
-        for index, (entry, feeds) in enumerate(zip(self._entries, all_feeds, strict=True)):
-            constants = self._constants[index]
-            if self._checked[self._signature(entry, feeds)]:
-                # Indices and labels only known now, checked before the step (state donated):
-                # a small program of what the checks read; a failure changes nothing.
-                raise_failed(self._run_checks[index](self._state, feeds, constants))
-            reported, self._state = self._steps[index](self._state, feeds, constants)
-            outputs.update({n: np.asarray(v) for n, v in reported.items()})
-        return outputs
+        all_feeds = self._checked_feeds(inputs)
+        arguments = (self._state, all_feeds, self._constants)
+        with paused_gc():  # the first call of a signature traces and lowers every entry
+            key = (
+                jax.tree.structure(arguments),
+                tuple((v.shape, str(v.dtype)) for v in jax.tree.leaves(all_feeds)),
+            )
+            if key not in self._checked:  # the step's own trace, kept for its call
+                traced = self._step.trace(*arguments)
+                self._checked[key] = any(len(c) for c in traced.out_info[2])
+            if self._checked[key]:
+                # Indices and labels only known now, checked before the step (the state
+                # is donated): a small program of what the checks read; a failure
+                # changes nothing.
+                for entry_checks in self._checks(*arguments):
+                    raise_failed(entry_checks)
+            reported, self._state, _ = self._step(*arguments)
+        return {n: np.asarray(v) for n, v in reported.items()}
 
     def evaluate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The algorithms' unbound outputs (the loss) from the current state, changing nothing.
@@ -359,15 +399,12 @@ class Session:
         as none is applied); XLA drops what the unbound outputs do not need
         (the optimizer's update).
         """
-        all_feeds = self._checked_feeds(inputs, step=False)
-        outputs: dict[str, np.ndarray] = {}
-        for evaluation, feeds, constants in zip(
-            self._evaluations, all_feeds, self._constants, strict=True
-        ):
-            reported, checks = evaluation(self._state, feeds, constants)
-            raise_failed(checks)
-            outputs.update({n: np.asarray(v) for n, v in reported.items()})
-        return outputs
+        all_feeds = self._checked_feeds(inputs)
+        with paused_gc():
+            reported, run_checks = self._evaluate(self._state, all_feeds, self._constants)
+        for entry_checks in run_checks:
+            raise_failed(entry_checks)
+        return {n: np.asarray(v) for n, v in reported.items()}
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None

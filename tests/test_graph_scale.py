@@ -1,0 +1,306 @@
+"""Work that grows with a graph grows linearly: counted, not timed.
+
+``benchmarks/graph_scale.py`` times chains of up to 100,000 nodes, nested
+Gradients and thousands of training_info entries; these tests count the work
+behind those times on small sizes (node runs while tracing, op calls, XLA
+compiles, main-graph nodes indexed), so a return of repeated or multiplied work
+fails here. Each fails on a1b1782 (checked there): prepare and the first run
+traced the graph twice, every node called its op, Relu lowered to a call XLA
+had to inline, nested Gradients were neither counted nor refused (2,000 levels
+raised RecursionError), and each training_info entry indexed the whole main
+graph, was traced five times and compiled on its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from onnx_optax import backend, training  # noqa: E402
+from onnx_optax._src import graph as graph_module  # noqa: E402
+from onnx_optax._src.ops import REGISTRY  # noqa: E402
+
+DOMAIN = "ai.onnx.preview.training"
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+SHAPE = [4]
+X = np.full(SHAPE, 0.5, np.float32)
+
+
+def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any]) -> Any:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+        ir_version=8,
+    )
+
+
+def chain(n: int) -> onnx.ModelProto:
+    """Add, Mul, Relu alternating, ``n`` nodes, on a 4-element tensor."""
+    nodes, h = [], "x"
+    for i in range(n):
+        op = ("Add", "Mul", "Relu")[i % 3]
+        inputs = [h] if op == "Relu" else [h, "w_add" if op == "Add" else "w_mul"]
+        nodes.append(helper.make_node(op, inputs, [f"h{i}"]))
+        h = f"h{i}"
+    inits = [
+        numpy_helper.from_array(np.full(SHAPE, 0.1, np.float32), "w_add"),
+        numpy_helper.from_array(np.full(SHAPE, 0.9, np.float32), "w_mul"),
+    ]
+    vi = helper.make_tensor_value_info
+    return _model(nodes, [vi("x", F32, SHAPE)], [vi(h, F32, SHAPE)], inits)
+
+
+def nested(depth: int) -> onnx.ModelProto:
+    """A Gradient of a Gradient ... ``depth`` deep of sin(x) * w, with respect to x."""
+    nodes = [helper.make_node("Sin", ["x"], ["s"]), helper.make_node("Mul", ["s", "w"], ["g0"])]
+    for level in range(1, depth + 1):
+        nodes.append(
+            helper.make_node(
+                "Gradient", ["x"], [f"g{level}"], domain=DOMAIN, xs=["x"], y=f"g{level - 1}"
+            )
+        )
+    vi = helper.make_tensor_value_info
+    w = numpy_helper.from_array(np.full(SHAPE, 0.5, np.float32), "w")
+    return _model(nodes, [vi("x", F32, SHAPE)], [vi(f"g{depth}", F32, SHAPE)], [w])
+
+
+def entries(n: int, main_nodes: int = 0) -> onnx.ModelProto:
+    """A model whose training_info holds ``n`` entries, each counting its own T.
+
+    The main graph is a chain of ``main_nodes`` nodes that no entry reads.
+    """
+    model = chain(max(main_nodes, 1))
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.asarray(0, np.int64), f"T{i}") for i in range(n)]
+        + [numpy_helper.from_array(np.asarray(1, np.int64), "one")]
+    )
+    for i in range(n):
+        algorithm = helper.make_graph(
+            [helper.make_node("Add", [f"T{i}", "one"], [f"T{i}.next"], name=f"count{i}")],
+            f"count{i}",
+            [],
+            [helper.make_tensor_value_info(f"T{i}.next", I64, [])],
+        )
+        model.training_info.append(
+            helper.make_training_info(algorithm, [(f"T{i}", f"T{i}.next")], None, None)
+        )
+    return model
+
+
+@pytest.fixture
+def node_runs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """How many times each node ran (while tracing, or eagerly), by node name or op type."""
+    counts: collections.Counter[str] = collections.Counter()
+    for cls in (graph_module._StandardStep, graph_module._GradientStep):
+        original = cls.run
+
+        def run(self: Any, env: Any, original: Any = original) -> None:
+            counts[self.node.name or self.node.op_type] += 1
+            original(self, env)
+
+        monkeypatch.setattr(cls, "run", run)
+    return counts
+
+
+@pytest.fixture
+def compiles() -> Iterator[list[str]]:
+    """The XLA compilations made while the test runs."""
+    events: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    yield events
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+# ----------------------------------------------------------------------------- the runtime
+
+
+def test_prepare_and_the_first_run_trace_the_graph_once(
+    node_runs: collections.Counter[str],
+) -> None:
+    rep = backend.prepare(chain(30))  # traces on the declared shapes, to fail early
+    rep.run([X])
+    rep.run([X])
+    assert sum(node_runs.values()) == 30
+
+
+def test_a_repeated_op_call_is_traced_once_and_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: collections.Counter[str] = collections.Counter()
+    for name in ("Add", "Mul", "Relu"):
+        op = REGISTRY[""][name]
+
+        def fn(node: Any, *args: Any, op: Any = op, name: str = name) -> Any:
+            calls[name] += 1
+            return op.fn(node, *args)
+
+        monkeypatch.setitem(REGISTRY[""], name, dataclasses.replace(op, fn=fn))
+    model = chain(300)
+    got = backend.prepare(model).run([X])[0]
+    # Each op: called on its first node, traced on its second, replayed on the other 98.
+    assert max(calls.values()) <= 2, calls
+    h = X
+    for i in range(300):
+        h = (h + np.float32(0.1), h * np.float32(0.9), np.maximum(h, 0))[i % 3]
+    np.testing.assert_allclose(got, h, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [0, 2, 5])
+def test_a_replayed_op_still_checks_its_indices_in_its_own_name(bad: int) -> None:
+    """Gather checks its indices at run time: each of six alike nodes, replay or not,
+    must report an index out of range under its own name."""
+    nodes, inputs = [], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])]
+    previous = "x"
+    for k in range(6):
+        inputs.append(helper.make_tensor_value_info(f"i{k}", TensorProto.INT64, [3]))
+        nodes += [
+            helper.make_node("Gather", [previous, f"i{k}"], [f"g{k}"], name=f"gather{k}"),
+            helper.make_node("Add", [f"g{k}", "x"], [f"a{k}"], name=f"add{k}"),
+        ]
+        previous = f"a{k}"
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [3])]
+    )
+    rep = backend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = {"x": np.ones(3, np.float32), **{f"i{k}": np.arange(3) for k in range(6)}}
+    np.testing.assert_array_equal(rep.run(feeds)[0], [7.0, 7.0, 7.0])
+    feeds[f"i{bad}"] = np.array([0, 7, 1])
+    with pytest.raises(ValueError, match=rf"'gather{bad}'.*hold 7, outside \[-3, 3\)"):
+        rep.run(feeds)
+
+
+def test_compiled_graphs_reach_xla_without_calls() -> None:
+    """Relu's custom_jvp wraps a jit: one MLIR call per node, which XLA inlined one by one."""
+
+    def f(x: jax.Array) -> jax.Array:
+        for _ in range(5):
+            x = jax.nn.relu(x) + jnp.linalg.norm(x)
+        return x
+
+    assert "call @" in jax.jit(f).lower(X).as_text()
+    flat = jax.jit(graph_module.flattened(f))
+    assert "call @" not in flat.lower(X).as_text()
+    np.testing.assert_allclose(flat(X), jax.jit(f)(X), rtol=1e-6)
+
+
+def test_a_relu_inside_a_gradient_keeps_its_derivative_at_zero() -> None:
+    """Replayed and flattened traces keep custom derivative rules where they are needed."""
+    nodes = [helper.make_node("Relu", ["x"], [f"r{i}"]) for i in range(4)]
+    nodes.append(helper.make_node("Sum", [f"r{i}" for i in range(4)], ["y"]))
+    nodes.append(helper.make_node("Gradient", ["x"], ["g"], domain=DOMAIN, xs=["x"], y="y"))
+    vi = helper.make_tensor_value_info
+    model = _model(nodes, [vi("x", F32, SHAPE)], [vi("g", F32, SHAPE)], [])
+    (g,) = backend.prepare(model).run([np.asarray([-1.0, 0.0, 0.0, 2.0], np.float32)])
+    np.testing.assert_array_equal(g, [0.0, 0.0, 0.0, 4.0])  # jax.nn.relu'(0) = 0
+
+
+def test_the_traced_work_limit_counts_node_runs() -> None:
+    limits = backend.Limits(traced_nodes=50)
+    assert backend.prepare(chain(50), limits=limits).graph.work == 50
+    with pytest.raises(ValueError, match=r"runs 51 nodes.*limit of 50.*traced_nodes=\.\.\."):
+        backend.prepare(chain(51), limits=limits)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_nested_gradient_work_bounds_the_traced_equations(depth: int) -> None:
+    """Each level of Gradient counts 3x its inside: an upper bound on what JAX traces."""
+    rep = backend.prepare(nested(depth))
+    expected = 2  # Sin, Mul
+    for _ in range(depth):
+        expected = 1 + 3 * expected
+    assert rep.graph.work == expected
+    jaxpr = jax.make_jaxpr(rep.graph.apply)({"x": X})
+
+    def equations(jaxpr: Any) -> int:
+        return sum(
+            1 + sum(equations(sub) for sub in jax.extend.core.jaxprs_in_params(e.params))
+            for e in jaxpr.eqns
+        )
+
+    assert equations(jaxpr.jaxpr) <= 3 * rep.graph.work  # <= 3 equations a node (Mul: 1)
+
+
+def test_nested_gradients_past_the_limit_are_refused_before_tracing(
+    node_runs: collections.Counter[str],
+) -> None:
+    """13 levels of a 2-node function trace over 3**13 nodes: refused by the limit, untraced."""
+    with pytest.raises(ValueError, match=r"Gradient.*more than the limit of 1000000.*traced_nodes"):
+        backend.prepare(nested(13))
+    assert not node_runs
+    # Raised, it runs (3**12 * 2 node runs are within a limit of 2 million).
+    limits = backend.Limits(traced_nodes=2_000_000)
+    assert backend.prepare(nested(12), limits=limits).graph.work > 1_000_000
+
+
+def test_deeply_nested_gradients_are_refused_not_a_recursion_error() -> None:
+    with pytest.raises(ValueError, match=r"Gradients nested in its y.*traced_nodes"):
+        backend.prepare(nested(2000))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_training_entries_compile_once(compiles: list[str]) -> None:
+    session = training.Session(entries(20))
+    compiles.clear()  # JAX's own, when the state is put on the device
+    for _ in range(3):
+        session.step({"x": X})
+    assert session.initializers["T7"] == 3
+    assert len(compiles) == 1  # one step function for all 20 entries
+
+
+def test_each_training_entry_is_traced_a_bounded_number_of_times(
+    node_runs: collections.Counter[str],
+) -> None:
+    session = training.Session(entries(20))  # check traces each algorithm on declared shapes
+    session.step({"x": X})
+    session.step({"x": X})
+    counts = [node_runs[f"count{i}"] for i in range(20)]
+    assert max(counts) <= 2, counts  # check's trace, the step's trace
+    assert sum(node_runs[op] for op in ("Add", "Mul", "Relu")) == 0  # the main graph is unread
+
+
+def test_training_entries_index_the_main_graph_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each entry's graph holds what it reads, not a copy of the whole main graph."""
+    indexed: list[int] = []
+    original = graph_module.GraphFunction.__init__
+
+    def init(self: Any, graph: Any, **kwargs: Any) -> None:
+        indexed.append(len(graph.node))
+        original(self, graph, **kwargs)
+
+    monkeypatch.setattr(graph_module.GraphFunction, "__init__", init)
+    model = entries(20, main_nodes=200)
+    assert not training.check(model)
+    session = training.Session(model)
+    session.step({"x": X})
+    assert sum(indexed) <= 2 * 20  # check builds each entry once (1 node), Session reuses them
+
+
+def test_an_entry_reads_what_its_outputs_name_directly() -> None:
+    """An entry takes only the bound initializers it reads, outputs named as they are included."""
+    model = entries(1)
+    w = numpy_helper.from_array(np.ones(SHAPE, np.float32), "W")
+    model.graph.initializer.append(w)
+    info = model.training_info[0]
+    info.algorithm.output.append(helper.make_tensor_value_info("W", F32, SHAPE))
+    info.update_binding.append(onnx.StringStringEntryProto(key="W", value="W"))
+    assert not training.check(model)
+    session = training.Session(model)
+    session.step({"x": X})
+    assert session.initializers["T0"] == 1
+    np.testing.assert_array_equal(session.initializers["W"], np.ones(SHAPE, np.float32))
