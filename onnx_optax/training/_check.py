@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -334,7 +335,7 @@ def _optimizer_problems(
     return problems
 
 
-def check(model: Any) -> list[Problem]:
+def check(model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> list[Problem]:
     """What would stop the training_info from running, or looks wrong; ``[]`` when sound.
 
     Checks what the ONNX checker does not: each binding's key is an

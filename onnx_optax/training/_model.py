@@ -36,7 +36,7 @@ def load(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return load_model(path)
 
 
-def as_model(model: Any) -> onnx.ModelProto:
+def as_model(model: object) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto | bytes | str | os.PathLike):
         return load_model(model)
     raise TypeError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
