@@ -170,7 +170,9 @@ def adagrad_op(
       T: update count, an integer scalar.
       *inputs: ``X_1..X_n, G_1..G_n, H_1..H_n``: float tensors of one dtype, each
         X_i, G_i, H_i of the same shape.
-      decay_factor, epsilon, norm_coefficient: the ONNX attributes (constants).
+      decay_factor: the ONNX attribute (a constant of the compiled op).
+      epsilon: the ONNX attribute (a constant of the compiled op).
+      norm_coefficient: the ONNX attribute (a constant of the compiled op).
 
     Returns:
       ``(X_1_new..X_n_new, H_1_new..H_n_new)`` in the input dtype.

@@ -218,8 +218,11 @@ def adam_op(
       T: update count, an integer scalar (bias correction applies when T > 0).
       *inputs: ``X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n``: float tensors of one
         dtype, each X_i, G_i, V_i, H_i of the same shape.
-      alpha, beta, epsilon, norm_coefficient, norm_coefficient_post: the ONNX
-        attributes (constants).
+      alpha: the ONNX attribute (a constant of the compiled op).
+      beta: the ONNX attribute (a constant of the compiled op).
+      epsilon: the ONNX attribute (a constant of the compiled op).
+      norm_coefficient: the ONNX attribute (a constant of the compiled op).
+      norm_coefficient_post: the ONNX attribute (a constant of the compiled op).
 
     Returns:
       ``(X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new)`` in the input dtype.

@@ -234,7 +234,9 @@ def momentum_op(
       T: update count, an integer scalar (0 in the first iteration).
       *inputs: ``X_1..X_n, G_1..G_n, V_1..V_n``: float tensors of one dtype, each
         X_i, G_i, V_i of the same shape.
-      alpha, beta, norm_coefficient: the ONNX float attributes (constants).
+      alpha: the ONNX float attribute (a constant of the compiled op).
+      beta: the ONNX float attribute (a constant of the compiled op).
+      norm_coefficient: the ONNX float attribute (a constant of the compiled op).
       mode: ``"standard"`` or ``"nesterov"``; anything else is an error
         (``onnx.reference`` treats every value other than "standard" as Nesterov).
 

@@ -580,7 +580,9 @@ def plan(
     Args:
       model: an inference model, its bytes or its path.
       output: the graph output the loss reads (required when there are several).
-      trainable, frozen, lift_constants: as for :func:`attach`.
+      trainable: as for :func:`attach`.
+      frozen: as for :func:`attach`.
+      lift_constants: as for :func:`attach`.
 
     Returns:
       A :class:`Plan`; ``print(plan)`` shows the table.
