@@ -163,7 +163,7 @@ HYPERPARAMETER_HELP = {
     "torch.optim's weight_decay in Adam, Adagrad and SGD)",
     "norm_coefficient_post": "Adam: X becomes (1 - c) X after the step",
 }
-# --weight-decay: Adam only, written as the README's AdamW mapping.
+# --weight-decay: Adam only, written as the AdamW mapping of docs/onnxruntime-training.md.
 WEIGHT_DECAY = "weight_decay"
 # The schedules of training.schedules by their short names; the argument that is "the
 # learning rate" (taken from --learning-rate when the spec leaves it out); other defaults.
@@ -666,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WD",
         help="Adam: AdamW's decoupled weight decay, written as norm_coefficient_post = "
         "LR * WD, which differs from PyTorch's AdamW by the factor (1 - LR*WD) on the step "
-        "(the README's 'Coming from onnxruntime-training'); with a schedule LR is the "
+        "(docs/onnxruntime-training.md, 'Adam versus AdamW'); with a schedule LR is the "
         "schedule's value, init_value or peak_value and the decay stays constant "
         "(default: 0)",
     )

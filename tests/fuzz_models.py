@@ -47,7 +47,7 @@ import onnx_optax
 from onnx_optax import backend, cli, interop, training
 from tests import fuzz_mutations as mutations
 
-# What README promises for bad input ("Bad input", "Models from strangers"): a TypeError
+# What the docs promise for bad input (docs/operators.md "Bad input", docs/security.md): a TypeError
 # or ValueError naming the problem (TrainingModelError is a ValueError), and
 # UnsupportedOperatorError, a NotImplementedError, for ops the backend lacks.
 DOCUMENTED = (TypeError, ValueError, NotImplementedError)

@@ -258,7 +258,7 @@ def test_schedule_gives_the_python_apis_model_and_optaxs_R(
     session = training.Session(model)
     for step in range(6):  # T from 1 (Adam's first count) to 6
         T = int(session.initializers["T"])
-        # optax's value to float32 rounding (the README's claim for the schedules).
+        # optax's value to float32 rounding (docs/training.md's claim for the schedules).
         assert session.learning_rate == pytest.approx(float(reference(T)), rel=1e-6), (step, T)
         session.step(_batch(step))
 

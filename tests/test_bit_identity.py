@@ -1,6 +1,6 @@
 """Every path through one operator's kernel gives the same bits.
 
-The README's "Exactness" section says that the transformation's new state is
+The "Exactness" section of docs/reliability.md says that the transformation's new state is
 the op's ``V_new``/``H_new`` bit for bit, that ``optax.apply_updates`` gives
 the op's ``X_new`` bit for bit (but for Adam's post decay), and that a result
 does not depend on whether it was computed eagerly or under ``jit``. This is

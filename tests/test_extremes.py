@@ -5,7 +5,7 @@ flush-to-zero arithmetic (subnormal inputs read as 0, subnormal results written
 as 0), so float32 overflow (1e30 ** 2 = inf), NaN and Inf propagation and 0/0
 come out as the formula says. Non-finite outputs must match in kind; finite ones
 to within rounding. A second test pins down, per optimizer, which outputs a NaN
-or an Inf gradient turns into NaN (the table in the README).
+or an Inf gradient turns into NaN (as docs/reliability.md's "Exactness" lists).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """No lost state: interrupted loops resume exactly; mismatched checkpoints fail loudly.
 
-The training loop below is the pattern the README recommends: one jitted step
-with params and state donated, whose results replace the committed params and
-state only when the step returns. Bad input fails while tracing, before
-anything is donated, so the committed buffers stay alive.
+The training loop below is the pattern docs/reliability.md recommends ("No
+lost state"): one jitted step with params and state donated, whose results
+replace the committed params and state only when the step returns. Bad input
+fails while tracing, before anything is donated, so the committed buffers stay
+alive.
 """
 
 from __future__ import annotations

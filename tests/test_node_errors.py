@@ -1,6 +1,6 @@
 """The graph runtime's one error boundary: whatever a node raises ends in a promised error.
 
-The README promises ("Models from strangers") that every entry point ends in a
+docs/security.md ("Models from strangers") promises that every entry point ends in a
 result or a ValueError, TypeError or NotImplementedError naming the node at
 fault. An op's arithmetic on a model's numbers can raise anything
 (ZeroDivisionError, IndexError, KeyError, OverflowError, MemoryError): the

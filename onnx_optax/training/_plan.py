@@ -568,8 +568,8 @@ def plan(
     """Every tensor a model stores, whether :func:`attach` trains it, and why.
 
     Takes ``attach``'s arguments of the same names and applies the same rule
-    (see :mod:`onnx_optax.training` and the README's "Fine-tuning a model you
-    downloaded"): by default the weights the loss's output reaches train;
+    (see :mod:`onnx_optax.training` and docs/fine-tuning.md, "Fine-tuning a
+    downloaded model"): by default the weights the loss's output reaches train;
     exporter constants (one element read as data), hyperparameters (a Pow
     exponent, Clip's bounds, comparison operands, ...), input preprocessing,
     non-finite tensors, BatchNormalization's running statistics, shapes and
