@@ -56,3 +56,7 @@ class DocstringsAsRendered(griffe.Extension):
         del kwargs
         if obj.docstring is not None:
             obj.docstring.value = as_markdown(obj.docstring.value)
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """The top-level package, which ``on_object`` does not see (as_markdown is idempotent)."""
+        self.on_object(obj=pkg, **kwargs)
