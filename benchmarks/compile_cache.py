@@ -87,7 +87,8 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    print("| model | first forward: no cache / cache filled | first step: no cache / cache filled |")
+    columns = ("model", "first forward: no cache / cache filled", "first step: the same")
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---|")
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as cache:
