@@ -51,13 +51,13 @@ class Session:
         devices computed, so the numbers are those of one device up to the
         order of summation. A batch must be a multiple of ``len(devices)``.
 
-    Several hosts are JAX's own business: call ``jax.distributed.initialize()``
-    in every process first, pass ``jax.devices()`` (the devices of all
-    processes), and call :meth:`step` in every process with the same
-    arguments, each feed a global ``jax.Array`` built by
-    ``jax.make_array_from_process_local_data`` from that process's rows (a
-    ``NamedSharding`` over the same devices splitting axis 0). This is how JAX
-    runs any jitted function on several hosts; it is not tested here.
+    Several processes (hosts) are JAX's own business: call
+    ``jax.distributed.initialize()`` in every process first, pass
+    ``jax.devices()`` (the devices of all processes), and call :meth:`step`
+    in every process, each time with :meth:`global_feeds` of that process's
+    own rows. The state is then the same in every process, and any one of
+    them can :meth:`save` it. Tested with two processes of four CPU devices
+    each (``tests/test_multiprocess.py``).
 
     The learning rate changes between steps as onnxruntime-training's
     ``optimizer.set_learning_rate`` does, keeping V, H and T: :attr:`attach`
@@ -280,6 +280,42 @@ class Session:
                     f"{count} devices do not divide; give a batch that is a multiple of {count}"
                 )
         return self._put(feeds, split=True)
+
+    def global_feeds(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """Each feed made of every process's rows: what :meth:`step` takes on several hosts.
+
+        With ``devices`` spanning several processes (after
+        ``jax.distributed.initialize()``), each process passes its own rows of
+        every feed of rank 1 or more, as many in each process and a multiple of
+        its number of the session's devices; the global batch is the processes'
+        rows in process order. A feed of rank 0 is the same in every process.
+        The arrays are ``jax.make_array_from_process_local_data``'s, split along
+        axis 0 over the session's devices as :meth:`step` splits a batch, so the
+        step moves nothing between hosts before it runs. In one process the
+        rows are the whole batch.
+
+        Raises:
+          ValueError: the session has no ``devices``, or a feed's rows are not a
+            multiple of this process's devices.
+        """
+        if self._split is None:
+            raise ValueError(
+                "Session.global_feeds: the session runs on JAX's default device; give "
+                "Session(model, devices=jax.devices()) to split batches over every process's"
+                " devices"
+            )
+        local = len(self._split.addressable_devices)
+        arrays = {}
+        for name, value in self._from_python(rows).items():
+            array = np.asarray(value)
+            if array.ndim and array.shape[0] % local:
+                raise ValueError(
+                    f"Session.global_feeds: feed '{name}' has {array.shape[0]} rows here, "
+                    f"which this process's {local} devices do not divide"
+                )
+            sharding = self._split if array.ndim else self._replicated
+            arrays[name] = jax.make_array_from_process_local_data(sharding, array)
+        return arrays
 
     def _all_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every entry's feeds, all checked before any is used."""
