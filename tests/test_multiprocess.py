@@ -1,7 +1,8 @@
 """training.Session over two processes (jax.distributed on localhost, 4 CPU devices each).
 
 The processes' steps, each fed its own rows, are compared with one process on one
-device over the same global batch; process 0 saves, and this process resumes.
+device over the same global batch, with the state replicated (process 0 saves) and
+split over all 8 devices (every process gathers and saves); this process resumes.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ CHILD = (
     assert len(jax.devices()) == PROCESSES * LOCAL_DEVICES
     with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
         session = training.Session(trainable(), devices=jax.devices())
+        # The parameters and optimizer state split over both processes' devices too.
+        sharded = training.Session(trainable(), devices=jax.devices(), shard_parameters=True)
+        assert not sharded._state["W1.v"].sharding.is_fully_replicated
         share = ROWS // PROCESSES
-        losses = []
+        losses, sharded_losses = [], []
         for i in range(STEPS):
             rows = {n: v[pid * share : (pid + 1) * share] for n, v in data(i, n=ROWS).items()}
             feeds = session.global_feeds(rows)
             assert feeds["x"].shape == (ROWS, 16) and not feeds["x"].is_fully_addressable
             losses.append(session.step(feeds)["loss"])
+            sharded_losses.append(sharded.step(feeds)["loss"])
         try:
             session.global_feeds({"x": np.zeros((3, 16), np.float32)})
         except ValueError as error:
@@ -63,6 +68,10 @@ CHILD = (
         np.savez(f"{out}/state{pid}.npz", losses=np.array(losses), **state)
         if pid == 0:
             session.save(f"{out}/saved.onnx")
+        # Gathering a split array is a collective: every process asks for the state.
+        state = sharded.initializers
+        np.savez(f"{out}/sharded{pid}.npz", losses=np.array(sharded_losses), **state)
+        sharded.save(f"{out}/sharded{pid}.onnx")
     jax.distributed.shutdown()
     print("ok")
     """
@@ -118,14 +127,20 @@ def run_processes(out: Path) -> None:
 
 
 def test_two_processes_match_one_device_and_resume(tmp_path: Path) -> None:
+    """Replicated state, saved by process 0; sharded state, gathered and saved by each."""
     run_processes(tmp_path)
-    states = [dict(np.load(tmp_path / f"state{pid}.npz")) for pid in range(PROCESSES)]
+    for layout, saved in [("state", "saved.onnx"), ("sharded", "sharded1.onnx")]:
+        check_run(tmp_path, layout, saved)
+
+
+def check_run(out: Path, layout: str, saved: str) -> None:
+    states = [dict(np.load(out / f"{layout}{pid}.npz")) for pid in range(PROCESSES)]
     # The reference: one process, one device, the same global batches.
     one = training.Session(trainable())
     want = [float(one.step(data(i, n=ROWS))["loss"]) for i in range(STEPS)]
     losses = [state.pop("losses") for state in states]
     np.testing.assert_allclose(losses[0], want, rtol=1e-5)
-    # Every process holds the same state (replicated), each value of its stored dtype.
+    # Every process sees the same state (replicated, or gathered), each of its stored dtype.
     np.testing.assert_array_equal(losses[1], losses[0])
     assert list(states[0]) == list(one.initializers)
     for name, value in one.initializers.items():
@@ -137,7 +152,7 @@ def test_two_processes_match_one_device_and_resume(tmp_path: Path) -> None:
         else:  # T
             np.testing.assert_array_equal(states[0][name], value, err_msg=name)
     # Resumed in this process: the saved weights, V, H and T bit for bit.
-    resumed = training.Session(tmp_path / "saved.onnx")
+    resumed = training.Session(out / saved)
     assert list(resumed.initializers) == list(states[0])
     for name, value in resumed.initializers.items():
         assert value.dtype == states[0][name].dtype, name

@@ -71,9 +71,10 @@ class Session:
     ``jax.distributed.initialize()`` in every process first, pass
     ``jax.devices()`` (the devices of all processes), and call :meth:`step`
     in every process, each time with :meth:`global_feeds` of that process's
-    own rows. The state is then the same in every process, and any one of
-    them can :meth:`save` it. Tested with two processes of four CPU devices
-    each (``tests/test_multiprocess.py``).
+    own rows. A replicated state is then the same in every process, and any
+    one of them can :meth:`save` it; with ``shard_parameters`` every process
+    calls :meth:`save` (or :attr:`initializers`), which gathers. Tested with
+    two processes of four CPU devices each (``tests/test_multiprocess.py``).
 
     The learning rate changes between steps as onnxruntime-training's
     ``optimizer.set_learning_rate`` does, keeping V, H and T: :attr:`attach`
