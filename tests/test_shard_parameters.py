@@ -23,7 +23,7 @@ EIGHT_DEVICES = textwrap.dedent(
     from onnx import TensorProto, helper, numpy_helper
     import onnx_optax
     from onnx_optax import training
-    from tests.test_session import data, trainable
+    from tests.test_session import data, mlp, trainable
 
     assert len(jax.devices()) == 8
 
@@ -95,6 +95,15 @@ EIGHT_DEVICES = textwrap.dedent(
         ran = sharded.run({"x": data(31)["x"]})["logits"]
         want = replicated.run({"x": data(31)["x"]})["logits"]
         assert np.linalg.norm(ran - want) <= 1e-6 * np.linalg.norm(want)
+
+        # An initializer the steps only read (a frozen W1) is split as well.
+        frozen = training.attach(mlp(), optimizer=onnx_optax.adam(0.01), frozen=["W1"])
+        a = training.Session(frozen, devices=devices)
+        b = training.Session(frozen, devices=devices, shard_parameters=True)
+        assert "W1" not in b._state and b._constants[0]["W1"].sharding.spec == P(None, "batch")
+        for i in range(5):
+            np.testing.assert_allclose(b.step(data(i))["loss"], a.step(data(i))["loss"], rtol=1e-6)
+        assert_close(b.initializers, a.initializers, 1e-6)
 
         # Saved as full arrays; resumed replicated and sharded, bit for bit.
         path = tempfile.mkdtemp() + "/sharded.onnx"
