@@ -58,7 +58,7 @@ class Session:
         state over the devices as well (fully sharded data parallelism, ZeRO-3):
         each array bound by the training (a weight, its V and H, any state an
         ``update_binding`` writes) and each initializer the steps only read,
-        of at least :data:`SHARDED_BYTES`, is split along its longest axis
+        of 1 KiB or more, is split along its longest axis
         that ``len(devices)`` divides (the first of equal ones); smaller ones
         and those with no such axis are replicated. Each device then holds
         about ``1/len(devices)`` of them, and XLA gathers what a step needs
@@ -176,7 +176,7 @@ class Session:
         """A parameter, optimizer state or constant on the session's devices, in its layout.
 
         Replicated; with ``shard_parameters``, split along its longest axis the
-        device count divides when it holds :data:`SHARDED_BYTES` or more.
+        device count divides when it holds ``SHARDED_BYTES`` or more.
         """
         if self._replicated is None or self._split is None:
             return value
@@ -505,8 +505,8 @@ class Session:
         the compiled function, not constants in it, so a :meth:`step` between
         two runs needs no new compilation. The feeds those outputs need are
         checked as the graph declares them (names, dtypes, shapes); others
-        are ignored. Runs on JAX's default device, or with ``devices=`` on each
-        of the session's devices (replicated, like the parameters).
+        are ignored. Runs on JAX's default device, or with ``devices=`` on the
+        session's devices, reading the weights in their layout there.
         """
         if outputs is not None and (
             isinstance(outputs, str)
