@@ -100,7 +100,7 @@ def run_processes(out: Path) -> None:
     port = free_port()
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(pid), str(port), str(out)],
+            [sys.executable, "-W", "error", "-c", CHILD, str(pid), str(port), str(out)],
             cwd=root,
             env=env,
             stdout=subprocess.PIPE,

@@ -89,6 +89,7 @@ EIGHT_DEVICES = textwrap.dedent(
         np.testing.assert_allclose(b, a, rtol=1e-6)
         assert_close(sharded.initializers, replicated.initializers, 1e-6)
         assert sharded._state["W1.h"].sharding.spec == P(None, "batch")  # kept by the step
+        assert sharded._step._cache_size() == 1  # the kept layout: compiled once
         np.testing.assert_allclose(
             sharded.evaluate(data(30))["loss"], replicated.evaluate(data(30))["loss"], rtol=1e-6
         )
@@ -153,7 +154,7 @@ def test_sharded_parameters_match_replicated_and_save_whole() -> None:
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(
-        [sys.executable, "-c", EIGHT_DEVICES],
+        [sys.executable, "-W", "error", "-c", EIGHT_DEVICES],
         cwd=root,
         env=env,
         capture_output=True,
