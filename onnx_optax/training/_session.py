@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 import onnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
@@ -33,6 +34,9 @@ from onnx_optax.training._model import (
 )
 from onnx_optax.training._rate import Rate, scale_reaching
 
+SHARDED_BYTES = 1024
+"""With ``shard_parameters=True``, the smallest array split over the devices (1 KiB)."""
+
 
 class Session:
     """Runs a model's ``training_info``: initialization, then algorithm steps.
@@ -50,14 +54,27 @@ class Session:
         state and T are replicated on each; XLA's collectives sum what the
         devices computed, so the numbers are those of one device up to the
         order of summation. A batch must be a multiple of ``len(devices)``.
+      shard_parameters: with ``devices``, split the parameters and the optimizer
+        state over the devices as well (fully sharded data parallelism, ZeRO-3):
+        each array bound by the training (a weight, its V and H, any state an
+        ``update_binding`` writes) and each initializer the steps only read,
+        of 1 KiB or more, is split along its longest axis
+        that ``len(devices)`` divides (the first of equal ones); smaller ones
+        and those with no such axis are replicated. Each device then holds
+        about ``1/len(devices)`` of them, and XLA gathers what a step needs
+        while it runs. The numbers are those of the replicated layout up to
+        the order of summation. :attr:`initializers`, :meth:`save` and
+        :meth:`to_model` gather the full arrays; across several processes
+        that is a collective, so every process calls them.
 
-    Several hosts are JAX's own business: call ``jax.distributed.initialize()``
-    in every process first, pass ``jax.devices()`` (the devices of all
-    processes), and call :meth:`step` in every process with the same
-    arguments, each feed a global ``jax.Array`` built by
-    ``jax.make_array_from_process_local_data`` from that process's rows (a
-    ``NamedSharding`` over the same devices splitting axis 0). This is how JAX
-    runs any jitted function on several hosts; it is not tested here.
+    Several processes (hosts) are JAX's own business: call
+    ``jax.distributed.initialize()`` in every process first, pass
+    ``jax.devices()`` (the devices of all processes), and call :meth:`step`
+    in every process, each time with :meth:`global_feeds` of that process's
+    own rows. A replicated state is then the same in every process, and any
+    one of them can :meth:`save` it; with ``shard_parameters`` every process
+    calls :meth:`save` (or :attr:`initializers`), which gathers. Tested with
+    two processes of four CPU devices each (``tests/test_multiprocess.py``).
 
     The learning rate changes between steps as onnxruntime-training's
     ``optimizer.set_learning_rate`` does, keeping V, H and T: :attr:`attach`
@@ -73,9 +90,16 @@ class Session:
         model: onnx.ModelProto | bytes | str | os.PathLike[str],
         *,
         devices: Sequence[jax.Device] | None = None,
+        shard_parameters: bool = False,
     ) -> None:
         self._replicated: NamedSharding | None = None
         self._split: NamedSharding | None = None
+        self._sharded = bool(shard_parameters)
+        if self._sharded and devices is None:
+            raise ValueError(
+                "shard_parameters=True splits the parameters over the session's devices; "
+                "give devices= as well, such as jax.devices()"
+            )
         if devices is not None:
             if not isinstance(devices, list | tuple) or not all(
                 isinstance(d, jax.Device) for d in devices
@@ -119,15 +143,21 @@ class Session:
                 )
         self._model = loaded
         state = {n: to_jax(f"initializer '{n}'", initializers.pop(n)) for n in names}
-        self._state = self._put(state, split=False)
-        self._constants = [self._put(e.constants, split=False) for e in self._entries]
-        shard: dict[str, Any] = (
-            {} if self._replicated is None else {"out_shardings": self._replicated}
-        )
+        self._state = {n: self._place(v) for n, v in state.items()}
+        self._constants = [
+            {n: self._place(v) for n, v in e.constants.items()} for e in self._entries
+        ]
+        shard: dict[str, Any] = {}
+        step_shard: dict[str, Any] = {}
+        if self._replicated is not None:
+            shard = {"out_shardings": self._replicated}
+            # The new state keeps each array's layout (sharded ones stay sharded).
+            layout = {n: v.sharding for n, v in self._state.items()}
+            step_shard = {"out_shardings": (self._replicated, layout, self._replicated)}
         # Every entry in one compiled function (one trace and one XLA compile per feed
         # signature, however many entries), the state donated; the run-time checks
         # (indices and labels only known then) alone in another, run first.
-        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **shard)
+        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **step_shard)
         self._checks = jax.jit(flattened(lambda *a: self._step_all(*a)[2]), **shard)
         self._evaluate = jax.jit(flattened(self._evaluate_all), **shard)
         # The feed signatures traced for a step: whether their ops check at run time.
@@ -136,11 +166,28 @@ class Session:
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
         self._rate = Rate(self._model)
 
-    def _put(self, values: Any, *, split: bool) -> Any:
-        """``values`` on the session's devices: split along axis 0, or replicated."""
-        if self._replicated is None:
+    def _put(self, values: Any) -> Any:
+        """Feeds on the session's devices, split along axis 0 (the batch)."""
+        if self._split is None:
             return values
-        return jax.device_put(values, self._split if split else self._replicated)
+        return jax.device_put(values, self._split)
+
+    def _place(self, value: Any) -> Any:
+        """A parameter, optimizer state or constant on the session's devices, in its layout.
+
+        Replicated; with ``shard_parameters``, split along its longest axis the
+        device count divides when it holds ``SHARDED_BYTES`` or more.
+        """
+        if self._replicated is None or self._split is None:
+            return value
+        count = self._split.num_devices
+        shape = np.shape(value)
+        axes = [a for a, size in enumerate(shape) if size % count == 0]
+        if not self._sharded or not axes or value.nbytes < SHARDED_BYTES:
+            return jax.device_put(value, self._replicated)
+        axis = max(axes, key=lambda a: (shape[a], -a))  # the longest, the first of equal ones
+        spec = PartitionSpec(*[None] * axis, "batch")
+        return jax.device_put(value, NamedSharding(self._split.mesh, spec))
 
     @property
     def inputs(self) -> list[str]:
@@ -148,8 +195,14 @@ class Session:
         return list(dict.fromkeys(v.name for entry in self._entries for v in entry.feeds))
 
     def _current(self, name: str) -> np.ndarray:
-        """The current value of the bound initializer ``name``, in its stored dtype."""
-        return np.asarray(self._state[name]).astype(self._dtypes[name], copy=False)
+        """The current value of the bound initializer ``name``, in its stored dtype.
+
+        An array split over several processes is gathered (every process must ask).
+        """
+        value = self._state[name]
+        if not value.is_fully_addressable and not value.is_fully_replicated:
+            value = multihost_utils.process_allgather(value, tiled=True)
+        return np.asarray(value).astype(self._dtypes[name], copy=False)
 
     @property
     def initializers(self) -> dict[str, np.ndarray]:
@@ -252,7 +305,7 @@ class Session:
         self._fixed[name] = scale
         for constants in self._constants:
             if name in constants:
-                constants[name] = self._put(to_jax(f"initializer '{name}'", scale), split=False)
+                constants[name] = self._place(to_jax(f"initializer '{name}'", scale))
         for init in self._model.graph.initializer:
             if init.name == name:
                 init.CopyFrom(numpy_helper.from_array(scale, name))
@@ -266,7 +319,7 @@ class Session:
             values = dict(zip(function.output_names, function.apply({}), strict=True))
             for entry in info.initialization_binding:
                 value = jax.numpy.asarray(values[entry.value])
-                self._state[entry.key] = self._put(value, split=False)
+                self._state[entry.key] = self._place(value)
 
     def _feeds(
         self, entry: Entry, inputs: Mapping[str, Any], dims: dict[str, Any]
@@ -279,7 +332,43 @@ class Session:
                     f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which the "
                     f"{count} devices do not divide; give a batch that is a multiple of {count}"
                 )
-        return self._put(feeds, split=True)
+        return self._put(feeds)
+
+    def global_feeds(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """Each feed made of every process's rows: what :meth:`step` takes on several hosts.
+
+        With ``devices`` spanning several processes (after
+        ``jax.distributed.initialize()``), each process passes its own rows of
+        every feed of rank 1 or more, as many in each process and a multiple of
+        its number of the session's devices; the global batch is the processes'
+        rows in process order. A feed of rank 0 is the same in every process.
+        The arrays are ``jax.make_array_from_process_local_data``'s, split along
+        axis 0 over the session's devices as :meth:`step` splits a batch, so the
+        step moves nothing between hosts before it runs. In one process the
+        rows are the whole batch.
+
+        Raises:
+          ValueError: the session has no ``devices``, or a feed's rows are not a
+            multiple of this process's devices.
+        """
+        if self._split is None:
+            raise ValueError(
+                "Session.global_feeds: the session runs on JAX's default device; give "
+                "Session(model, devices=jax.devices()) to split batches over every process's"
+                " devices"
+            )
+        local = len(self._split.addressable_devices)
+        arrays = {}
+        for name, value in self._from_python(rows).items():
+            array = np.asarray(value)
+            if array.ndim and array.shape[0] % local:
+                raise ValueError(
+                    f"Session.global_feeds: feed '{name}' has {array.shape[0]} rows here, "
+                    f"which this process's {local} devices do not divide"
+                )
+            sharding = self._split if array.ndim else self._replicated
+            arrays[name] = jax.make_array_from_process_local_data(sharding, array)
+        return arrays
 
     def _all_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every entry's feeds, all checked before any is used."""
@@ -416,8 +505,8 @@ class Session:
         the compiled function, not constants in it, so a :meth:`step` between
         two runs needs no new compilation. The feeds those outputs need are
         checked as the graph declares them (names, dtypes, shapes); others
-        are ignored. Runs on JAX's default device, or with ``devices=`` on each
-        of the session's devices (replicated, like the parameters).
+        are ignored. Runs on JAX's default device, or with ``devices=`` on the
+        session's devices, reading the weights in their layout there.
         """
         if outputs is not None and (
             isinstance(outputs, str)
