@@ -180,3 +180,54 @@ def test_micro_batches_check_labels_in_every_part() -> None:
     inputs["target"][13] = 7
     with pytest.raises(ValueError, match="label 7"):
         session.step(inputs)
+
+
+# ----------------------------------------------------------------------------- remat
+
+
+def test_remat_trains_as_the_default() -> None:
+    # The reference: the same model without remat. The same ops on the same values.
+    model = training.attach(deep(depth=6), optimizer=onnx_optax.adam(0.05))
+    default = training.Session(model)
+    remat = training.Session(model, remat=True)
+    for step in range(3):
+        inputs = batch(step, 16)
+        assert_close(remat.step(inputs), default.step(inputs), 1e-6)
+    assert_close(remat.initializers, default.initializers, 1e-6)
+
+
+def test_remat_recomputes_the_forward_pass_in_the_backward() -> None:
+    # The step's program runs each Tanh once more (a trace without the segments would
+    # pass the test above by doing nothing): 6 layers, each Tanh traced twice by default
+    # (the loss reported, the Gradient's forward), three times under remat.
+    def tanhs(remat: bool) -> int:
+        model = training.attach(deep(depth=6), optimizer=onnx_optax.adam(0.05))
+        session = training.Session(model, remat=remat)
+        arguments = (session._state, session._checked_feeds(batch(0, 16)), session._constants)
+        return str(jax.make_jaxpr(session._step_all)(*arguments)).count(" tanh ")
+
+    assert (tanhs(False), tanhs(True)) == (12, 18)
+
+
+def test_remat_lowers_the_temporaries() -> None:
+    # A deep MLP: without remat the backward pass keeps every layer's activations.
+    model = training.attach(deep(width=256, depth=16, inputs=64), optimizer=onnx_optax.adam(0.01))
+    inputs = batch(0, 512, inputs=64)
+    default = temporaries(training.Session(model), inputs)
+    remat = temporaries(training.Session(model, remat=True), inputs)
+    assert remat < 0.6 * default, (remat, default)
+
+
+def test_remat_with_micro_batches_trains_as_the_whole_batch() -> None:
+    model = training.attach(deep(depth=6), optimizer=onnx_optax.adam(0.05))
+    whole = training.Session(model)
+    both = training.Session(model, remat=True, micro_batches=4)
+    for step in range(2):
+        inputs = batch(step, 16)
+        assert_close(both.step(inputs), whole.step(inputs), 1e-5)
+    assert_close(both.initializers, whole.initializers, 1e-5)
+
+
+def test_remat_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="remat"):
+        training.Session(training.attach(deep(), optimizer=onnx_optax.adam(0.01)), remat=1)  # type: ignore[arg-type]
