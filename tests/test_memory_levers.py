@@ -231,3 +231,51 @@ def test_remat_with_micro_batches_trains_as_the_whole_batch() -> None:
 def test_remat_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="remat"):
         training.Session(training.attach(deep(), optimizer=onnx_optax.adam(0.01)), remat=1)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- 16-bit models
+
+
+def half(seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array((rng.normal(size=(8, 3)) / 3).astype(np.float16), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["logits"])],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["N", 3])],
+        initializer=[weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_float16_model_trains_with_float16_state_over_micro_batches() -> None:
+    # The state stays in the parameters' dtype (the ONNX node's type constraint); the
+    # micro-batches' gradient sums are float32 inside the step, not stored.
+    session = training.Session(
+        training.attach(half(), optimizer=onnx_optax.adam(0.05)), micro_batches=4
+    )
+    rng = np.random.default_rng(1)
+    inputs = {
+        "x": rng.normal(size=(16, 8)).astype(np.float16),
+        "target": rng.integers(0, 3, size=16).astype(np.int64),
+    }
+    losses = [float(session.step(inputs)["loss"]) for _ in range(20)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    dtypes = {n: v.dtype for n, v in session.initializers.items()}
+    assert dtypes == {
+        "W": np.float16,
+        "T": np.int64,
+        "R.scale": np.float16,
+        "W.v": np.float16,
+        "W.h": np.float16,
+    }
+
+
+def test_attach_refuses_a_state_dtype_other_than_the_parameters() -> None:
+    # adam(accumulator_dtype=float32) on a float16 model: the state was cast to float16
+    # without a word before; the ONNX Adam node cannot hold it in float32.
+    with pytest.raises(ValueError, match="accumulator_dtype"):
+        training.attach(
+            half(), optimizer=onnx_optax.adam(0.05, accumulator_dtype=jax.numpy.float32)
+        )
