@@ -70,6 +70,7 @@ from onnx_optax._src.ops import (
     read_attributes,
     record_run_checks,
 )
+from onnx_optax._src.remat import run_steps
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -539,8 +540,7 @@ class _GradientStep(_Step):
             token = _REPLAY.set(None if replay is None else replay.faithful())
             try:
                 with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
-                    for step in self.order:
-                        step.run(local)
+                    run_steps(self.order, local, [self.y])  # in segments under remat
             finally:
                 _REPLAY.reset(token)
             y = to_jax(f"{self.where}: y '{self.y}'", materialize(local[self.y]))

@@ -194,6 +194,20 @@ def attach(
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
 
     state = optimizer.init({n: jax.numpy.asarray(v) for n, v in params.items()})
+    kept = {
+        np.dtype(leaf.dtype)
+        for field in operator.fields
+        for leaf in jax.tree.leaves(getattr(state, field))
+    }
+    if kept - {dtype}:
+        # The ONNX optimizer nodes type X, G and the state alike (T3): a state in another
+        # dtype is no valid model, and casting it silently would not be what was asked.
+        raise ValueError(
+            f"the optimizer keeps its state in {sorted(str(d) for d in kept)} but the trained "
+            f"tensors are {dtype}: the ONNX {operator.op_type} node holds the state in the "
+            "parameters' dtype; build the optimizer without accumulator_dtype (Session's "
+            "micro_batches sums 16-bit gradients in float32)"
+        )
     stored = [
         numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
         numpy_helper.from_array(np.asarray(1, dtype), scale),

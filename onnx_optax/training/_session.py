@@ -19,6 +19,7 @@ from onnx_optax._src.graph import GraphFunction, flattened, paused_gc, to_jax
 from onnx_optax._src.load import DEFAULT_LIMITS
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import RunChecks, raise_failed
+from onnx_optax._src.remat import rematerialized
 from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
 from onnx_optax.training._export import save_model, strip_training
@@ -66,6 +67,25 @@ class Session:
         the order of summation. :attr:`initializers`, :meth:`save` and
         :meth:`to_model` gather the full arrays; across several processes
         that is a collective, so every process calls them.
+      micro_batches: accumulate the gradients over this many micro-batches
+        (default 1: none). Each feed of rank 1 or more is cut along its first
+        axis into ``micro_batches`` parts (part j holds rows j, j + k, ...);
+        the forward pass and the Gradient run on one part at a time in a
+        ``lax.scan``, which sums the gradients, and the optimizer runs once on
+        their mean, so the memory of the activations is one part's. The step
+        trains on the mean of the parts' losses, and reports it: for a loss
+        that is a mean over the rows (every loss of :func:`attach`) that is the
+        whole batch's loss and gradient, up to rounding; for a loss summed over
+        the rows it is ``1/micro_batches`` of the sum (scale the learning rate
+        by ``micro_batches``). A batch must be a multiple of ``micro_batches``
+        (times ``len(devices)``). :meth:`evaluate` averages the same way.
+      remat: rematerialize the forward pass (as ``jax.checkpoint``): the nodes each
+        Gradient differentiates run in about sqrt(n) segments of about sqrt(n)
+        nodes, the backward pass recomputing one segment's activations at a
+        time instead of keeping all of them, for about one more forward pass
+        of compute. The same ops on the same values: the numbers equal the
+        default's up to XLA's choices of fusion (bit-identical in our tests
+        on CPU, not promised).
 
     Several processes (hosts) are JAX's own business: call
     ``jax.distributed.initialize()`` in every process first, pass
@@ -91,7 +111,19 @@ class Session:
         *,
         devices: Sequence[jax.Device] | None = None,
         shard_parameters: bool = False,
+        micro_batches: int = 1,
+        remat: bool = False,
     ) -> None:
+        if not isinstance(remat, bool):
+            raise TypeError(f"remat must be True or False; got {remat!r}")
+        self._remat = remat
+        if (
+            not isinstance(micro_batches, int | np.integer)
+            or isinstance(micro_batches, bool)
+            or micro_batches < 1
+        ):
+            raise ValueError(f"micro_batches must be an integer >= 1; got {micro_batches!r}")
+        self._micro_batches = int(micro_batches)
         self._replicated: NamedSharding | None = None
         self._split: NamedSharding | None = None
         self._sharded = bool(shard_parameters)
@@ -332,6 +364,13 @@ class Session:
                     f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which the "
                     f"{count} devices do not divide; give a batch that is a multiple of {count}"
                 )
+            parts = self._micro_batches
+            if array.ndim and array.shape[0] % (count * parts):
+                raise ValueError(
+                    f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which "
+                    f"{parts} micro-batches of a multiple of {count} devices do not divide; "
+                    f"give a batch that is a multiple of {count * parts}"
+                )
         return self._put(feeds)
 
     def global_feeds(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
@@ -423,7 +462,7 @@ class Session:
         reported: dict[str, jax.Array] = {}
         run_checks = []
         for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
-            outputs, updates, entry_checks = entry.step(state, feeds, constants)
+            outputs, updates, entry_checks = self._entry_step(entry, state, feeds, constants)
             for n, value in updates.items():  # while tracing: before anything runs
                 if value.shape != state[n].shape or value.dtype != state[n].dtype:
                     raise ValueError(
@@ -436,6 +475,19 @@ class Session:
             run_checks.append(entry_checks)
         return reported, state, run_checks
 
+    def _entry_step(
+        self,
+        entry: Entry,
+        state: dict[str, jax.Array],
+        feeds: dict[str, jax.Array],
+        constants: dict[str, Any],
+    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], RunChecks]:
+        """One entry's step, over micro-batches and rematerialized when the session says so."""
+        with rematerialized(self._remat):  # read while the Gradients are traced
+            if self._micro_batches == 1:
+                return entry.step(state, feeds, constants)
+            return entry.micro_step(state, feeds, constants, self._micro_batches)
+
     def _evaluate_all(
         self,
         state: dict[str, jax.Array],
@@ -446,7 +498,7 @@ class Session:
         reported: dict[str, jax.Array] = {}
         run_checks = []
         for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
-            outputs, _, entry_checks = entry.step(state, feeds, constants)
+            outputs, _, entry_checks = self._entry_step(entry, state, feeds, constants)
             reported.update(outputs)
             run_checks.append(entry_checks)
         return reported, run_checks
