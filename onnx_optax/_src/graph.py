@@ -82,10 +82,11 @@ MAX_TRACED_NODES = 1_000_000
 # jax.vjp traces its forward and tangent, then transposes the tangent. Nested Gradients
 # multiply (a Gradient of a Gradient of n nodes traces about 9 n).
 GRADIENT_WORK = 3
-# Subgraphs (If's branches, Loop's and Scan's bodies) nested deeper than this are refused.
+# Subgraphs (If's branches, Loop's and Scan's bodies) nested deeper than this are refused
+# (protobuf's own parser stops near 33: a graph, node and attribute are 3 of its 100 levels).
 # Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
 # node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
-MAX_SUBGRAPH_DEPTH = 32
+MAX_SUBGRAPH_DEPTH = 16
 
 Env = dict[str, Any]
 

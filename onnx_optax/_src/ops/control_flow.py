@@ -204,8 +204,8 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             raise
         trips = max(int(np.asarray(trip_count).reshape(())), 0)
         return _unrolled(node, body, trips, carried, k, reads_cond=cond is not None)
-    _same_types(node, "loop-carried output", body.output_names[1 : 1 + n], specs[2:],
-                traced.outs[1 : 1 + n])  # fmt: skip
+    carried_names = body.output_names[1 : 1 + n]
+    _same_types(node, "loop-carried output", carried_names, specs[2:], traced.outs[1 : 1 + n])
     if traced.outs[0].shape != () or traced.outs[0].dtype != np.dtype(bool):
         raise ValueError(
             f"{node.where}: the body's condition output '{body.output_names[0]}' must be a "
