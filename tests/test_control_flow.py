@@ -441,3 +441,65 @@ def test_nesting_counts_each_body_once_and_is_bounded() -> None:
         backend.prepare(nested_ifs(3), limits=backend.Limits(traced_nodes=6))
     with pytest.raises(ValueError, match=rf"node 'if\d+' \(ai\.onnx\.If\).*{MAX_SUBGRAPH_DEPTH}"):
         backend.prepare(nested_ifs(MAX_SUBGRAPH_DEPTH + 2))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_attach_trains_weights_read_inside_a_loop_body() -> None:
+    """out = three steps of h = tanh(h @ W + b) in a Loop body reading W and b from outside;
+    attach's steps equal optax on the same function written in JAX."""
+    import jax.numpy as jnp
+    import optax
+
+    import onnx_optax
+    from onnx_optax import training
+
+    loop_body = body(
+        "body",
+        [
+            helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
+            helper.make_node("Add", ["hw", "b"], ["hb"]),
+            helper.make_node("Tanh", ["hb"], ["h_out"]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        [vi("i", I64, []), vi("c_in", BOOL, []), vi("h_in", F32, ["N", 3])],
+        [vi("c_out", BOOL, []), vi("h_out", F32, ["N", 3])],
+    )
+    params = {
+        "W": (np.random.default_rng(0).normal(size=(3, 3)) / 2).astype(np.float32),
+        "b": np.full(3, 0.1, np.float32),
+    }
+    model = make_model(
+        [helper.make_node("Loop", ["M", "", "x"], ["out"], body=loop_body)],
+        [vi("x", F32, ["N", 3])],
+        [vi("out", F32, ["N", 3])],
+        {**params, "M": np.array(3, np.int64)},
+    )
+    trained = training.attach(model, loss="l1", target="t", optimizer=onnx_optax.adam(0.05))
+    assert training.check(trained) == []
+    session = training.Session(trained)
+    rng = np.random.default_rng(1)
+    batches = [(rng.normal(size=(8, 3)), rng.normal(size=(8, 3))) for _ in range(3)]
+    batches = [(x.astype(np.float32), t.astype(np.float32)) for x, t in batches]
+    losses = [float(session.step({"x": x, "t": t})["loss"]) for x, t in batches]
+
+    def loss_fn(p: dict[str, Any], x: Any, t: Any) -> Any:
+        h = x
+        for _ in range(3):
+            h = jnp.tanh(h @ p["W"] + p["b"][None, :])
+        return jnp.mean(jnp.abs(h - t))
+
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    tx = onnx_optax.adam(0.05)
+    state = tx.init(p)
+    expected = []
+    for x, t in batches:
+        value, grads = jax.value_and_grad(loss_fn)(p, x, t)
+        updates, state = tx.update(grads, state, p)
+        p = optax.apply_updates(p, updates)
+        expected.append(float(value))
+    np.testing.assert_allclose(losses, expected, rtol=2e-6)
+    for name in params:
+        np.testing.assert_allclose(session.initializers[name], p[name], rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(session.initializers[name], params[name])
