@@ -11,6 +11,12 @@ not an edge, so its dependencies are its inputs plus whatever the nodes computin
 nodes, as a function of the values given for ``xs`` (``zs`` held fixed), inside
 the same computation; Gradient of a Gradient nests. A non-scalar ``y`` is seeded
 with ones: the outputs are the gradients of ``sum(y)``.
+
+Subgraphs (If's branches, Loop's and Scan's bodies) are GraphFunctions of their
+own, built with the enclosing graph's names in scope; the names they read from
+outside count as their node's dependencies. When the node runs, each reaches its
+op as a :class:`Subgraph`, a callable bound to the enclosing values of that run
+(the op traces it once into ``lax.cond``, ``lax.scan`` or ``lax.while_loop``).
 """
 
 from __future__ import annotations
