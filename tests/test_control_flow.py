@@ -283,6 +283,12 @@ def test_a_loop_body_reading_its_iteration_as_a_shape_is_unrolled() -> None:
     feeds = {"M": np.array(4, np.int64), "s0": np.array([0.5], np.float32), "table": table}
     _, rows = assert_as_onnxruntime(model, feeds)
     assert rows.shape == (4, 1)
+    # The body (5 nodes) counts once in the graph's work (6); 3 more unrolled iterations
+    # add 15 node runs, which must fit in the traced-work limit.
+    assert backend.prepare(model).graph.work == 6
+    backend.prepare(model, limits=backend.Limits(traced_nodes=21)).run(feeds)
+    with pytest.raises(ValueError, match=r"node 'loop' \(ai\.onnx\.Loop\).*unrolling 4 iter"):
+        backend.prepare(model, limits=backend.Limits(traced_nodes=20)).run(feeds)
 
 
 def test_a_run_time_check_inside_a_loop_body_fails_naming_its_node() -> None:

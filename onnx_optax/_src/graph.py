@@ -78,6 +78,7 @@ from onnx_optax._src.ops import (
     read_attributes,
     record_run_checks,
 )
+from onnx_optax._src.ops.control_flow import unroll_budget
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -1121,7 +1122,10 @@ class GraphFunction:
         # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
         # semantics here, whatever the caller's jax_numpy_rank_promotion says.
         try:
-            with jax.numpy_rank_promotion("allow"), paused_gc():
+            # Unrolled Loop bodies (control_flow) run beyond the counted work: at most
+            # what the limit leaves, for the whole trace.
+            budget = unroll_budget(self.max_traced_nodes - self.work)
+            with jax.numpy_rank_promotion("allow"), paused_gc(), budget:
                 for step in self.order:
                     step.run(env)
         finally:

@@ -24,7 +24,9 @@ fail after the run naming their node.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -258,6 +260,21 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
 # A Loop body that reads its iteration number as a shape (Slice's starts) is unrolled,
 # up to this many iterations and Limits.traced_nodes node runs, if it nests no subgraph.
 UNROLL_LIMIT = 4096
+# The node runs unrolled bodies may still add to the trace of a graph (its limit less its
+# counted work, where each body counts once); None: each unrolling bounded by the limit.
+_UNROLL_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "onnx_optax_unroll_budget", default=None
+)
+
+
+@contextlib.contextmanager
+def unroll_budget(node_runs: int) -> Iterator[None]:
+    """Bounds the extra node runs of every Loop unrolled while tracing one graph."""
+    token = _UNROLL_BUDGET.set([node_runs])
+    try:
+        yield
+    finally:
+        _UNROLL_BUDGET.reset(token)
 
 
 def _unrolled(node: Node, body: Any, trips: int, carried: Any, k: int, reads_cond: bool) -> Any:
@@ -266,13 +283,19 @@ def _unrolled(node: Node, body: Any, trips: int, carried: Any, k: int, reads_con
     The iteration number is then a host value, as a body that reads it as a shape needs.
     A condition the body computes must be known while tracing too.
     """
-    if body.nested or trips > UNROLL_LIMIT or trips * body.work > body.max_work:
+    budget = _UNROLL_BUDGET.get()
+    left = body.max_work if budget is None else budget[0]
+    extra = max(trips - 1, 0) * body.work  # the body counted once already
+    if body.nested or trips > UNROLL_LIMIT or extra > left:
         raise NotStaticError(
             f"{node.where}: its body reads a value computed from the iteration number where "
             f"it must be known while tracing (a shape, Slice's starts); unrolling {trips} "
             f"iterations of {body.work} nodes is refused (at most {UNROLL_LIMIT} iterations, "
-            f"{body.max_work} node runs, and no subgraph inside the body)"
+            f"{left} more node runs within limits=Limits(traced_nodes=...), and no subgraph "
+            "inside the body)"
         )
+    if budget is not None:
+        budget[0] -= extra
     n = len(carried)
     values: list[Any] = list(carried)
     scanned: list[list[Any]] = [[] for _ in range(k)]
