@@ -48,11 +48,6 @@ EXCLUDED: dict[str, str] = {
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
     r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",
-    r"^test_range_.*_expanded": (
-        "the expanded form's Loop has a trip count computed from the values fed, so its scan "
-        "output's length is known only at run time (XLA needs it fixed; Range itself reads "
-        "its inputs as compile-time values)"
-    ),
 }
 
 

@@ -509,3 +509,39 @@ def test_attach_trains_weights_read_inside_a_loop_body() -> None:
     for name in params:
         np.testing.assert_allclose(session.initializers[name], p[name], rtol=1e-5, atol=1e-6)
         assert not np.array_equal(session.initializers[name], params[name])
+
+
+@pytest.mark.parametrize("size", [1, 64])
+def test_a_trip_count_computed_from_a_small_input_is_a_compile_time_value(size: int) -> None:
+    """M = Cast(ReduceMax(n)): from a small input (at most 16 elements) a compile-time value,
+    so the loop scans (a scan output allowed); from a larger one it stays a run-time value
+    (a while loop, without scan outputs)."""
+    scans = size == 1
+    body_nodes = [
+        helper.make_node("Cast", ["i"], ["i_f"], to=F32),
+        helper.make_node("Add", ["s_in", "i_f"], ["s_out"]),
+        helper.make_node("Identity", ["c_in"], ["c_out"]),
+        helper.make_node("Identity", ["s_out"], ["scanned"]),
+    ]
+    body_outputs = [vi("c_out", BOOL, []), vi("s_out", F32, [])]
+    loop_outputs = ["s"]
+    outputs = [vi("s", F32, [])]
+    if scans:
+        body_outputs.append(vi("scanned", F32, []))
+        loop_outputs.append("all")
+        outputs.append(vi("all", F32, ["k"]))
+    loop_body = body(
+        "body",
+        body_nodes,
+        [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [])],
+        body_outputs,
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["n"], ["top"], keepdims=0),
+        helper.make_node("Cast", ["top"], ["M"], to=I64),
+        helper.make_node("Loop", ["M", "", "s0"], loop_outputs, body=loop_body),
+    ]
+    model = make_model(nodes, [vi("n", F32, [size]), vi("s0", F32, [])], outputs)
+    n = np.full(size, 5.0, np.float32)
+    assert_as_onnxruntime(model, {"n": n, "s0": np.array(0.5, np.float32)})
+    assert backend.prepare(model).graph.static_inputs == (("n",) if scans else ())

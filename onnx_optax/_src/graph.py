@@ -94,6 +94,9 @@ GRADIENT_WORK = 3
 # Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
 # node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
 MAX_SUBGRAPH_DEPTH = 16
+# A graph input of at most this many elements (declared) that a Loop's trip count or
+# condition is computed from is read as a compile-time value (see _small_sources).
+SMALL_SOURCE = 16
 
 Env = dict[str, Any]
 
@@ -850,12 +853,42 @@ class GraphFunction:
             for p in (*step.op.static, *step.op.prefer_static)
             if p < len(step.inputs)
         }
+        read_as_shapes |= self._small_sources(graph)
         self.static_inputs = tuple(n for n in self.input_names if n in read_as_shapes)
         self._compilations: dict[Any, tuple[Any, list[Layout]]] = {}
         if check_shapes and not self.static_inputs:
             self._check_shapes(graph)
 
     # -- structure
+
+    def _small_sources(self, graph: Any) -> set[str]:
+        """Graph inputs of at most SMALL_SOURCE elements that a Loop's trip count or
+        condition is computed from (test_range's expanded form: M from start, limit and
+        delta): read as compile-time values, so that the loop compiles to a scan."""
+        declared: dict[str, int] = {}
+        for info in graph.input:
+            kind = info.type.tensor_type
+            if kind.HasField("shape") and all(d.HasField("dim_value") for d in kind.shape.dim):
+                declared[info.name] = int(np.prod([d.dim_value for d in kind.shape.dim]))
+        todo = [
+            step.inputs[p]
+            for step in self._steps.values()
+            if isinstance(step, _StandardStep)
+            for p in step.op.prefer_static
+            if p < len(step.inputs) and step.inputs[p]
+        ]
+        found: set[str] = set()
+        seen = set(todo)
+        while todo:
+            name = todo.pop()
+            if declared.get(name, SMALL_SOURCE + 1) <= SMALL_SOURCE:
+                found.add(name)
+            index = self._producer.get(name)
+            for dep in () if index is None else self._deps(index):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return found & set(self.input_names)
 
     def defines(self, name: str) -> bool:
         return name in self._available or name in self._producer

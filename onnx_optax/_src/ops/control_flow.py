@@ -70,6 +70,14 @@ def _never(spec: RunCheck) -> RunCheck:
     return RunCheck(jnp.asarray(False), jnp.zeros((), spec.value.dtype))
 
 
+def _known(value: Any) -> bool:
+    """Whether a value is known while tracing: a host value, or a JAX array that is no
+    tracer (an op computed it from host values, as Relu does with jax.numpy)."""
+    return is_static(value) or (
+        isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+    )
+
+
 def _spec(value: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(np.shape(value), _canonical(value.dtype))
 
@@ -127,7 +135,7 @@ def _if(node: Node, cond: Any) -> Any:
         raise ValueError(
             f"{node.where}: cond of shape {list(np.shape(cond))} must hold one element"
         )
-    if is_static(cond):  # known while tracing: only the branch taken is traced
+    if _known(cond):  # known while tracing: only the branch taken is traced
         return tuple(then_branch() if bool(np.asarray(cond).reshape(())) else else_branch())
     then_body = _trace(node, "then_branch", then_branch, ())
     else_body = _trace(node, "else_branch", else_branch, ())
@@ -196,13 +204,13 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
         jax.ShapeDtypeStruct((), np.dtype(bool)),
         *map(_spec, carried),
     ]
-    known_trip = trip_count is not None and is_static(trip_count)
-    if cond is not None and is_static(cond) and not bool(np.asarray(cond).reshape(())):
+    known_trip = trip_count is not None and _known(trip_count)
+    if cond is not None and _known(cond) and not bool(np.asarray(cond).reshape(())):
         trip_count, known_trip = np.zeros((), np.int64), True  # not one iteration
     try:
         traced = _trace(node, "body", body, specs)
     except NotStaticError:
-        if not known_trip or (cond is not None and not is_static(cond)):
+        if not known_trip or (cond is not None and not _known(cond)):
             raise
         trips = max(int(np.asarray(trip_count).reshape(())), 0)
         return _unrolled(node, body, trips, carried, k, reads_cond=cond is not None)
@@ -213,7 +221,7 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             f"{node.where}: the body's condition output '{body.output_names[0]}' must be a "
             f"bool scalar, got {traced.outs[0].dtype}{list(traced.outs[0].shape)}"
         )
-    cond_fixed = cond is None or (is_static(cond) and _constant_true(traced))
+    cond_fixed = cond is None or (_known(cond) and _constant_true(traced))
     if known_trip and cond_fixed:
         trips = max(int(np.asarray(trip_count).reshape(())), 0)
         true = jnp.asarray(True)
@@ -308,7 +316,7 @@ def _unrolled(node: Node, body: Any, trips: int, carried: Any, k: int, reads_con
         for found, out in zip(scanned, outs[1 + n :], strict=True):
             found.append(out)
         if reads_cond:
-            if not is_static(outs[0]):
+            if not _known(outs[0]):
                 raise NotStaticError(
                     f"{node.where}: its unrolled body computes its condition "
                     f"'{body.output_names[0]}' from the values fed; it must be known while tracing"
@@ -382,7 +390,7 @@ def _batched_scan(node: Node, body: Any, m: int, lengths: Any, inputs: Sequence[
         raise ValueError(f"{node.where}: a scan input lacks the sequence axis 1")
     if lengths is not None:
         full = np.shape(inputs[n])[1]
-        if not is_static(lengths) or np.any(np.asarray(lengths) != full):
+        if not _known(lengths) or np.any(np.asarray(lengths) != full):
             raise NotImplementedError(
                 f"{node.where}: sequence_lens shorter than the sequences ({full}) are not "
                 "supported; leave the input out"
