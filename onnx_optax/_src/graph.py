@@ -336,13 +336,9 @@ class _StandardStep(_Step):
         )
 
     def _call(self, args: list[Any]) -> Any:
-        """The op on ``args``: called, or replayed from the trace's earlier calls of it.
-
-        A node with subgraphs is never replayed: they read values that are not its inputs.
-        """
+        """The op on ``args``: called, or replayed from the trace's earlier calls of it."""
         replay = _REPLAY.get()
-        unreplayed = self.node.op_type in UNREPLAYED or bool(self.subgraphs)
-        key = None if replay is None or unreplayed else self._signature(args)
+        key = None if replay is None or self.node.op_type in UNREPLAYED else self._signature(args)
         if key is None:
             return self.op.fn(self.info, *args)
         assert replay is not None
@@ -421,7 +417,7 @@ class _StandardStep(_Step):
         if traced:
             self._refuse_narrowing(args)
         # run() names the node in any error
-        if self.subgraphs:  # bound to this run's values of the enclosing graphs
+        if self.subgraphs:  # bound to this run's values of the enclosing graphs: no replay
             bound = {name: Subgraph(fn, env) for name, fn in self.subgraphs.items()}
             info = dataclasses.replace(self.info, attrs={**self.info.attrs, **bound})
             results = self.op.fn(info, *args)
@@ -754,7 +750,8 @@ class GraphFunction:
     it), refused before anything is traced. ``check_shapes``: trace the graph on its
     declared input shapes, when all are known, to fail at construction; that trace is
     the one the first call with those shapes compiles. A caller that traces the graph
-    inside its own function (a training step) turns it off.
+    inside its own function (a training step) turns it off. ``scope`` and ``depth``
+    are a subgraph's: the enclosing graphs' names it may read, and how many enclose it.
     """
 
     def __init__(
@@ -771,7 +768,6 @@ class GraphFunction:
         depth: int = 0,
     ) -> None:
         self.name = graph.name
-        self.scope = scope  # names of the enclosing graphs a subgraph may read
         self.depth = depth  # how many graphs enclose this one
         self.max_bytes = max_bytes
         self.max_traced_nodes = max_traced_nodes
