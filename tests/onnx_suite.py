@@ -47,7 +47,7 @@ EXCLUDED: dict[str, str] = {
     r"^test_training_dropout": "Dropout in training mode (random masks; inference only)",
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
-    r"^test_range_.*_expanded": "the expanded form uses Loop (control flow is not supported)",
+    r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",
 }
 
 

@@ -11,12 +11,19 @@ not an edge, so its dependencies are its inputs plus whatever the nodes computin
 nodes, as a function of the values given for ``xs`` (``zs`` held fixed), inside
 the same computation; Gradient of a Gradient nests. A non-scalar ``y`` is seeded
 with ones: the outputs are the gradients of ``sum(y)``.
+
+Subgraphs (If's branches, Loop's and Scan's bodies) are GraphFunctions of their
+own, built with the enclosing graph's names in scope; the names they read from
+outside count as their node's dependencies. When the node runs, each reaches its
+op as a :class:`Subgraph`, a callable bound to the enclosing values of that run
+(the op traces it once into ``lax.cond``, ``lax.scan`` or ``lax.while_loop``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import gc
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
@@ -59,6 +66,7 @@ from onnx_optax._src.ops import (
     REGISTRY,
     STANDARD_DOMAINS,
     Node,
+    NotStaticError,
     RunChecks,
     check_omitted_inputs,
     check_size,
@@ -70,6 +78,7 @@ from onnx_optax._src.ops import (
     read_attributes,
     record_run_checks,
 )
+from onnx_optax._src.ops.control_flow import unroll_budget
 from onnx_optax._src.remat import run_steps
 
 GRADIENT = "Gradient"
@@ -81,6 +90,14 @@ MAX_TRACED_NODES = 1_000_000
 # jax.vjp traces its forward and tangent, then transposes the tangent. Nested Gradients
 # multiply (a Gradient of a Gradient of n nodes traces about 9 n).
 GRADIENT_WORK = 3
+# Subgraphs (If's branches, Loop's and Scan's bodies) nested deeper than this are refused
+# (protobuf's own parser stops near 33: a graph, node and attribute are 3 of its 100 levels).
+# Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
+# node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
+MAX_SUBGRAPH_DEPTH = 16
+# A graph input of at most this many elements (declared) that a Loop's trip count or
+# condition is computed from is read as a compile-time value (see _small_sources).
+SMALL_SOURCE = 16
 
 Env = dict[str, Any]
 
@@ -126,16 +143,17 @@ def to_jax(what: str, value: Any) -> jax.Array:
 PROMISED = (TypeError, ValueError, NotImplementedError)
 
 
-def _wrap(where: str, error: Exception) -> Exception:
+def _wrap(where: str, error: Exception, *, always: bool = False) -> Exception:
     """A promised error (TypeError, ValueError, NotImplementedError) naming the node.
 
     One that names a node already (raised by a node inside a Gradient, or by the
     step itself) is returned as it is; another is rebuilt with the node's name in
     front, of its own type when that type takes a message alone, else of the
-    promised type it derives from.
+    promised type it derives from. ``always``: prefixed even then (an error inside a
+    subgraph, named by its node there, prefixed with the node holding the subgraph).
     """
     message = str(error)
-    if message.startswith("node "):
+    if message.startswith("node ") and not always:
         return error
     message = f"{where}: {message}"
     try:
@@ -304,6 +322,10 @@ class _StandardStep(_Step):
         if op.check is not None:
             with node_errors(self.where):
                 op.check(self.info)
+        # Graph attributes (If's branches, Loop's and Scan's bodies), each a function of
+        # its formal inputs and of the names it reads from the enclosing graphs.
+        self.subgraphs = graph.subgraph_functions(node, self.where)
+        self.work = 1 + sum(sub.work for sub in self.subgraphs.values())
         # What, besides its inputs, decides the function the op computes (see _Replay).
         self.kind = (
             domain,
@@ -387,7 +409,7 @@ class _StandardStep(_Step):
                 and args[position] is not None
                 and not is_static(args[position])
             ):
-                raise ValueError(
+                raise NotStaticError(
                     f"{self.where}: input '{self.inputs[position]}' must be known when the graph "
                     "is compiled (a constant, an initializer or computed from shapes); it depends "
                     "on the values fed"
@@ -396,7 +418,12 @@ class _StandardStep(_Step):
         if traced:
             self._refuse_narrowing(args)
         # run() names the node in any error
-        results = self._call(args) if traced else self.op.fn(self.info, *args)
+        if self.subgraphs:  # bound to this run's values of the enclosing graphs: no replay
+            bound = {name: Subgraph(fn, env) for name, fn in self.subgraphs.items()}
+            info = dataclasses.replace(self.info, attrs={**self.info.attrs, **bound})
+            results = self.op.fn(info, *args)
+        else:
+            results = self._call(args) if traced else self.op.fn(self.info, *args)
         if not isinstance(results, tuple):
             results = (results,)
         for name, value in zip(self.outputs, results, strict=False):
@@ -413,6 +440,42 @@ class _StandardStep(_Step):
         for position, value in enumerate(args):
             if position not in self.op.static and value is not None and is_static(value):
                 refuse_narrowing(f"{self.where}: input '{self.inputs[position]}'", value)
+
+
+class Subgraph:
+    """A graph attribute as the op reads it: called on its formal inputs, it returns its
+    outputs (host values where they are known while tracing, else JAX values).
+
+    It reads the names of the enclosing graphs from the values they have when the node
+    holding it runs; an op calls it inside ``lax.cond``, ``lax.scan`` or
+    ``lax.while_loop`` bodies, or directly (a constant condition).
+    """
+
+    def __init__(self, function: GraphFunction, env: Env) -> None:
+        self.function = function
+        self.env = env
+        self.input_names = function.input_names
+        self.output_names = function.output_names
+        self.work = function.work  # node runs of one call
+        self.nested = any(  # whether it holds subgraphs itself
+            getattr(step, "subgraphs", None) for step in function.order
+        )
+        self.max_work = function.max_traced_nodes
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        function = self.function
+        if len(inputs) != len(self.input_names):
+            raise ValueError(
+                f"subgraph '{function.name}' takes {len(self.input_names)} inputs "
+                f"{list(self.input_names)}, given {len(inputs)}"
+            )
+        env: Env = dict(self.env)
+        env.update(function.static)
+        env.update((n, host_array(f"initializer '{n}'", v)) for n, v in function.params.items())
+        env.update(zip(self.input_names, inputs, strict=True))
+        for step in function.order:
+            step.run(env)
+        return tuple(materialize(env[name]) for name in self.output_names)
 
 
 class _OptimizerStep(_Step):
@@ -568,6 +631,42 @@ def _gradient_names(node: Any) -> tuple[str, set[str]]:
     return text(attrs.get("y", b"")), stop
 
 
+def _subgraphs(node: Any) -> dict[str, Any]:
+    """A node's graph attributes by name (GRAPHS ones as name[i])."""
+    import onnx
+
+    found = {}
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            found[attribute.name] = attribute.g
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            found.update((f"{attribute.name}[{i}]", g) for i, g in enumerate(attribute.graphs))
+    return found
+
+
+def _free_names(node: Any, depth: int) -> list[str]:
+    """The names a node's subgraphs read from the graphs around the node (nested ones too)."""
+    graphs = _subgraphs(node)
+    if not graphs:
+        return []
+    if depth + 1 > MAX_SUBGRAPH_DEPTH:
+        raise ValueError(
+            f"{describe(node)}: its subgraphs nest {depth + 1} deep, more than the limit of "
+            f"{MAX_SUBGRAPH_DEPTH}"
+        )
+    free: dict[str, None] = {}
+    for sub in graphs.values():
+        defined = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+        defined |= {t.values.name for t in sub.sparse_initializer}
+        defined |= {n for inner in sub.node for n in inner.output}
+        for inner in sub.node:
+            for name in (*inner.input, *_free_names(inner, depth + 1)):
+                if name and name not in defined:
+                    free[name] = None
+        free.update((o.name, None) for o in sub.output if o.name not in defined)
+    return list(free)
+
+
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
     if find_op(node) is not None:
         return _StandardStep(graph, node)
@@ -651,7 +750,8 @@ class GraphFunction:
     it), refused before anything is traced. ``check_shapes``: trace the graph on its
     declared input shapes, when all are known, to fail at construction; that trace is
     the one the first call with those shapes compiles. A caller that traces the graph
-    inside its own function (a training step) turns it off.
+    inside its own function (a training step) turns it off. ``scope`` and ``depth``
+    are a subgraph's: the enclosing graphs' names it may read, and how many enclose it.
     """
 
     def __init__(
@@ -664,7 +764,11 @@ class GraphFunction:
         max_bytes: int = MAX_TENSOR_BYTES,
         max_traced_nodes: int = MAX_TRACED_NODES,
         check_shapes: bool = True,
+        scope: frozenset[str] = frozenset(),
+        depth: int = 0,
     ) -> None:
+        self.name = graph.name
+        self.depth = depth  # how many graphs enclose this one
         self.max_bytes = max_bytes
         self.max_traced_nodes = max_traced_nodes
         self._nesting = 0  # Gradients whose reach is being found, one inside the other
@@ -677,7 +781,7 @@ class GraphFunction:
             i.name for i in graph.input if i.name not in outer and i.name not in initializers
         )
         self.output_names = tuple(outputs or (o.name for o in graph.output))
-        self._available = {*self.input_names, *outer, *initializers}
+        self._available = {*self.input_names, *outer, *initializers, *scope}
         self._nodes = list(graph.node)
         self._producer: dict[str, int] = {}
         for index, node in enumerate(self._nodes):
@@ -742,9 +846,10 @@ class GraphFunction:
             step.inputs[p]
             for step in self._steps.values()
             if isinstance(step, _StandardStep)
-            for p in step.op.static
+            for p in (*step.op.static, *step.op.prefer_static)
             if p < len(step.inputs)
         }
+        read_as_shapes |= self._small_sources(graph)
         self.static_inputs = tuple(n for n in self.input_names if n in read_as_shapes)
         self._compilations: dict[Any, tuple[Any, list[Layout]]] = {}
         if check_shapes and not self.static_inputs:
@@ -752,8 +857,67 @@ class GraphFunction:
 
     # -- structure
 
+    def _small_sources(self, graph: Any) -> set[str]:
+        """Graph inputs of at most SMALL_SOURCE elements that a Loop's trip count or
+        condition is computed from (test_range's expanded form: M from start, limit and
+        delta): read as compile-time values, so that the loop compiles to a scan."""
+        declared: dict[str, int] = {}
+        for info in graph.input:
+            kind = info.type.tensor_type
+            if kind.HasField("shape") and all(d.HasField("dim_value") for d in kind.shape.dim):
+                declared[info.name] = int(np.prod([d.dim_value for d in kind.shape.dim]))
+        todo = [
+            step.inputs[p]
+            for step in self._steps.values()
+            if isinstance(step, _StandardStep)
+            for p in step.op.prefer_static
+            if p < len(step.inputs) and step.inputs[p]
+        ]
+        found: set[str] = set()
+        seen = set(todo)
+        while todo:
+            name = todo.pop()
+            if declared.get(name, SMALL_SOURCE + 1) <= SMALL_SOURCE:
+                found.add(name)
+            index = self._producer.get(name)
+            for dep in () if index is None else self._deps(index):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return found & set(self.input_names)
+
     def defines(self, name: str) -> bool:
         return name in self._available or name in self._producer
+
+    def subgraph_functions(self, node: Any, where: str) -> dict[str, GraphFunction]:
+        """The node's graph attributes, each as a GraphFunction reading this graph's names."""
+        graphs = _subgraphs(node)
+        if not graphs:
+            return {}
+        if self.depth + 1 > MAX_SUBGRAPH_DEPTH:
+            raise ValueError(
+                f"{where}: its subgraphs nest {self.depth + 1} deep, more than the limit of "
+                f"{MAX_SUBGRAPH_DEPTH}"
+            )
+        scope = frozenset((*self._available, *self._producer))
+        functions = {}
+        for name, sub in graphs.items():
+            try:
+                functions[name] = GraphFunction(
+                    sub,
+                    opsets=self.opsets,
+                    max_bytes=self.max_bytes,
+                    max_traced_nodes=self.max_traced_nodes,
+                    check_shapes=False,
+                    scope=scope,
+                    depth=self.depth + 1,
+                )
+            except PROMISED as error:
+                raise _wrap(f"{where}: subgraph '{name}'", error, always=True) from None
+        work = 1 + sum(f.work for f in functions.values())
+        if work > self.max_traced_nodes:
+            raise self._too_much_work(f"{where}: with its subgraphs, its trace", work)
+        return functions
 
     def _too_much_work(self, what: str, work: int, *, at_least: bool = False) -> ValueError:
         return ValueError(
@@ -801,6 +965,7 @@ class GraphFunction:
             return self._deps_memo[index]
         node = self._nodes[index]
         deps = [name for name in node.input if name]
+        deps += _free_names(node, self.depth)
         if domain_of(node) == DOMAIN and node.op_type == GRADIENT:
             self._deps_memo[index] = tuple(deps)  # guards against y depending on itself
             y, stop = _gradient_names(node)
@@ -986,7 +1151,10 @@ class GraphFunction:
         # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
         # semantics here, whatever the caller's jax_numpy_rank_promotion says.
         try:
-            with jax.numpy_rank_promotion("allow"), paused_gc():
+            # Unrolled Loop bodies (control_flow) run beyond the counted work: at most
+            # what the limit leaves, for the whole trace.
+            budget = unroll_budget(self.max_traced_nodes - self.work)
+            with jax.numpy_rank_promotion("allow"), paused_gc(), budget:
                 for step in self.order:
                     step.run(env)
         finally:

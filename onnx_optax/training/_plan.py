@@ -212,6 +212,17 @@ class _Graph:
                     self.consumers.setdefault(name, []).append((node, position))
             for name in node.output:
                 self.producer[name] = node
+        # A name read inside a subgraph (a Loop body reading W) is used as its reader
+        # there uses it; the node holding the subgraph reads it (see reached).
+        todo = [inner for node in self.nodes for inner in _inner_nodes(node)]
+        while todo:
+            inner = todo.pop()
+            if _op(inner) is None:
+                continue
+            for position, name in enumerate(inner.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((inner, position))
+            todo += _inner_nodes(inner)
 
     def source(self, name: str) -> tuple[str, onnx.NodeProto | None]:
         """Where ``name``'s value comes from, looking back through pass-through ops."""
@@ -271,11 +282,24 @@ class _Graph:
             if node is None or _op(node) in ("Shape", "Size"):
                 continue
             static = OPS[node.op_type].static if _op(node) in OPS else ()
-            for position, name in enumerate(node.input):
-                if name and name not in found and position not in static:
+            read = [n for p, n in enumerate(node.input) if p not in static]
+            inner_nodes = _inner_nodes(node)
+            while inner_nodes:  # what its subgraphs read (their own names find no producer)
+                inner = inner_nodes.pop()
+                read += inner.input
+                inner_nodes += _inner_nodes(inner)
+            for name in read:
+                if name and name not in found:
                     found.add(name)
                     todo.append(name)
         return found
+
+
+def _inner_nodes(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """The nodes of a node's subgraphs (If's branches, Loop's and Scan's bodies)."""
+    graphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+    graphs += [g for a in node.attribute for g in a.graphs]
+    return [inner for graph in graphs for inner in graph.node]
 
 
 def _op(node: onnx.NodeProto) -> str | None:

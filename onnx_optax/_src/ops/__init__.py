@@ -13,16 +13,18 @@ imports every family, so whoever reads the registry sees them all.
 - ``reductions``: Reduce*, ArgMax/ArgMin
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
+- ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
 after the run) and ``attributes`` (a node's
 attributes read against its ONNX schema). To add an op: a function in its
-family's module, registered there; a new family (control flow, recurrent,
-quantization) is a new module here, imported below.
+family's module, registered there; a new family (recurrent, quantization) is a
+new module here, imported below.
 """
 
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
+    control_flow,
     elementwise,
     losses,
     ml,
@@ -31,6 +33,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     shape,
 )
 from onnx_optax._src.ops.arrays import (
+    NotStaticError,
     RunChecks,
     check_size,
     collect_run_checks,
@@ -58,6 +61,7 @@ __all__ = [
     "REGISTRY",
     "STANDARD_DOMAINS",
     "Node",
+    "NotStaticError",
     "RunChecks",
     "check_omitted_inputs",
     "check_size",

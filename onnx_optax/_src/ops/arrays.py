@@ -143,6 +143,12 @@ def _axes_of(node: Node, axes: Any) -> list[int] | None:
     return None if value is None else [int(a) for a in value]
 
 
+class NotStaticError(ValueError):
+    """An input an op reads while tracing (a shape, axes, Slice's starts) depends on the
+    values fed. A Loop of a known trip count catches it to unroll its body, so that the
+    iteration number becomes known."""
+
+
 # ----------------------------------------------------------------------------- indices
 
 

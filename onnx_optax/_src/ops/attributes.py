@@ -106,8 +106,10 @@ def _attribute_value(attribute: Any, where: str) -> Any:
     kind = attribute.type
     if kind == onnx.AttributeProto.TENSOR:
         return read_tensor(attribute.t, f"{where} attribute '{attribute.name}'")
-    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise ValueError(f"{where}: attribute '{attribute.name}' holds a subgraph (not supported)")
+    if kind == onnx.AttributeProto.GRAPH:  # the graph makes it a callable (graph.Subgraph)
+        return attribute.g
+    if kind == onnx.AttributeProto.GRAPHS:
+        return list(attribute.graphs)
     if kind in (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.TENSORS):
         return attribute  # refused by the op that would read it
     value = helper.get_attribute_value(attribute)

@@ -765,3 +765,37 @@ def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -
     xp = _xp(x)  # a mask of a traced X is built in-graph, not as a host constant
     mask = xp.ones(x.shape, bool) if node.opset >= 10 else xp.ones(x.shape, x.dtype)
     return (x, mask)[: node.n_outputs]
+
+
+# ----------------------------------------------------------------------------- LRN
+
+
+@register("LRN")
+def _lrn(node: Node, x: Any) -> Any:
+    """Local response normalization across channels (axis 1).
+
+    ``y = x / (bias + alpha / size * s) ** beta`` where ``s`` sums ``x**2`` over the
+    channels ``c - floor((size-1)/2)`` to ``c + ceil((size-1)/2)`` that exist. The window
+    sum is one ``reduce_window`` (differentiable); a window reaching past every channel
+    is clipped to them, so a huge ``size`` builds no huge padding.
+    """
+    size = int(node["size"])
+    if size < 1:
+        raise ValueError(f"{node.where}: size must be at least 1, got {size}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} has no channel axis; LRN takes "
+            "(N, C, D1, ..., Dk)"
+        )
+    channels = x.shape[1]
+    before = min((size - 1) // 2, max(channels - 1, 0))
+    after = min(size // 2, max(channels - 1, 0))  # ceil((size - 1) / 2)
+    window = (1, before + after + 1) + (1,) * (x.ndim - 2)
+    padding = [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2)
+    x = jnp.asarray(x)
+    sums = lax.reduce_window(
+        jnp.square(x), np.array(0, x.dtype), lax.add, window, (1,) * x.ndim, padding
+    )
+    scale = np.asarray(node["alpha"] / size, x.dtype)
+    bias = np.asarray(node["bias"], x.dtype)
+    return x / (bias + scale * sums) ** np.asarray(node["beta"], x.dtype)

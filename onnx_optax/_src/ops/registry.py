@@ -66,6 +66,9 @@ class Op:
 
     fn: Callable[..., Any]
     static: tuple[int, ...] = ()  # inputs that must be known while tracing (shapes, axes)
+    # Inputs better known while tracing (Loop's trip count and condition): a graph input
+    # there is read as a compile-time value, as a shape is, though a traced one runs too.
+    prefer_static: tuple[int, ...] = ()
     # Checks the attributes alone when the graph is prepared (before any input is seen).
     check: Callable[[Node], None] | None = None
 
@@ -90,6 +93,7 @@ def register(
     static: tuple[int, ...] = (),
     domain: str = "",
     check: Callable[[Node], None] | None = None,
+    prefer_static: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """Registers ``fn(node, *inputs)`` as the op(s) ``names`` of ``domain``."""
     domain = "" if domain in STANDARD_DOMAINS else domain
@@ -97,7 +101,9 @@ def register(
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         for name in names:
-            table[name] = Op(_guarded(name, domain, fn), static, check)
+            table[name] = Op(
+                _guarded(name, domain, fn), static, check=check, prefer_static=prefer_static
+            )
         return fn
 
     return wrap
