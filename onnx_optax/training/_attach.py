@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -13,7 +14,7 @@ from onnx import helper, numpy_helper
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
-from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype
@@ -28,6 +29,19 @@ from onnx_optax.training._losses import (
 from onnx_optax.training._model import Names, as_model, declared, value_info, with_opset
 from onnx_optax.training._plan import lift, loss_output, make_plan
 from onnx_optax.training.schedules import learning_rate_nodes
+
+
+def _state(
+    optimizer: Transformation,
+    params: dict[str, jax.ShapeDtypeStruct],
+    name: str,
+    field: str,
+) -> np.ndarray:
+    """The initial ``field`` (V, H, ...) of the trained tensor ``name``, as ``init`` makes it."""
+    tree = getattr(optimizer.init({name: params[name]}), field)
+    if isinstance(tree, PackedTree):
+        tree = tree.unpack()
+    return np.asarray(tree[name])
 
 
 def attach(
@@ -118,6 +132,7 @@ def attach(
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
       and :func:`check`.
     """
+    given = model
     model = as_model(model)  # the one loading layer: limits, names, external data
     operator = operator_of(optimizer)
     if model.training_info:
@@ -146,7 +161,14 @@ def attach(
 
     chosen = chosen_plan.trained
     values = {i.name: i for i in graph.initializer}
-    params = {n: read_tensor(values[n], "graph initializer") for n in chosen}
+    # Shapes and dtypes only (make_plan has read and checked every value): the weights of a
+    # model above 2 GiB are not copied here, and the state is made one tensor at a time.
+    params = {
+        n: jax.ShapeDtypeStruct(
+            tuple(values[n].dims), tensor_dtype(values[n].data_type, "graph initializer")
+        )
+        for n in chosen
+    }
     dtype = _common_dtype(list(params.values()))
     p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
 
@@ -193,11 +215,11 @@ def attach(
     one, T_next = names("T.one"), names("T.next")
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
 
-    state = optimizer.init({n: jax.numpy.asarray(v) for n, v in params.items()})
+    abstract_state = jax.eval_shape(optimizer.init, params)
     kept = {
         np.dtype(leaf.dtype)
         for field in operator.fields
-        for leaf in jax.tree.leaves(getattr(state, field))
+        for leaf in jax.tree.leaves(getattr(abstract_state, field))
     }
     if kept - {dtype}:
         # The ONNX optimizer nodes type X, G and the state alike (T3): a state in another
@@ -212,13 +234,13 @@ def attach(
         numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
         numpy_helper.from_array(np.asarray(1, dtype), scale),
     ]
+    # The state of each tensor alone (init fills each leaf alike, packed or not), each
+    # array freed once in the model: a copy of all of them would be 2x the weights (Adam).
+    state_values: list[tuple[str, Callable[[], np.ndarray]]] = []
     for field in operator.fields:
-        tree = getattr(state, field)
-        if isinstance(tree, PackedTree):
-            tree = tree.unpack()
         for i, n in enumerate(chosen):
-            stored.append(
-                numpy_helper.from_array(np.asarray(tree[n], dtype), rename[f"p{i}.{field}"])
+            state_values.append(
+                (rename[f"p{i}.{field}"], functools.partial(_state, optimizer, params, n, field))
             )
     inits += [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
     binding = {}
@@ -235,9 +257,14 @@ def attach(
         nodes, "training_step", [target_info], algorithm_outputs, initializer=inits
     )
 
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
+    if model is given:  # the caller's proto, unchanged by loading and lifting: not ours
+        result = onnx.ModelProto()
+        result.CopyFrom(model)
+    else:  # read from a path or bytes, or copied while loading or lifting: ours to extend
+        result = model
     result.graph.initializer.extend(stored)
+    for name, make in state_values:
+        result.graph.initializer.append(numpy_helper.from_array(make(), name))
     result.ir_version = max(result.ir_version, 7)
     if not any(o.domain == DOMAIN for o in result.opset_import):
         result.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
