@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -14,7 +15,7 @@ from onnx import helper, numpy_helper
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
-from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype
@@ -26,7 +27,14 @@ from onnx_optax.training._losses import (
     loss_nodes,
     softmax_logits,
 )
-from onnx_optax.training._model import Names, as_model, declared, value_info, with_opset
+from onnx_optax.training._model import (
+    Names,
+    as_model,
+    copy_model,
+    declared,
+    value_info,
+    with_opset,
+)
 from onnx_optax.training._plan import lift, loss_output, make_plan
 from onnx_optax.training.schedules import learning_rate_nodes
 
@@ -44,6 +52,58 @@ def _state(
     return np.asarray(tree[name])
 
 
+def _master_weights(
+    graph: onnx.GraphProto, chosen: list[str], master_dtype: Any, names: Names
+) -> list[str]:
+    """Each trained 16-bit weight ``W`` as a wider master initializer and ``Cast(master) -> W``.
+
+    Changes ``graph`` in place and returns the masters' names, in ``chosen``'s
+    order: the inference graph reads ``W`` as before, now computed by a Cast
+    node at its beginning, so it computes in the weight's own dtype.
+    """
+    try:
+        master = np.dtype(master_dtype)
+    except TypeError:
+        raise TypeError(
+            f"master_dtype must be a float dtype such as 'float32'; got {master_dtype!r}"
+        ) from None
+    if master not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"master_dtype must be float32 or float64; got {master}")
+    inputs = {v.name for v in graph.input}
+    position = {init.name: i for i, init in enumerate(graph.initializer)}
+    masters, casts = [], []
+    for n in chosen:
+        init = graph.initializer[position[n]]
+        dtype = tensor_dtype(init.data_type, f"initializer '{n}'")
+        if dtype.itemsize >= master.itemsize:
+            raise ValueError(
+                f"master_dtype={master} keeps a wider copy of 16-bit weights, but the trained "
+                f"tensor '{n}' is {dtype}; leave master_dtype out"
+            )
+        if n in inputs:
+            raise ValueError(
+                f"the trained tensor '{n}' is also a graph input (a default value a feed may "
+                "replace), which a master weight cannot be; remove it from the graph's inputs"
+            )
+        name = names(f"{n}.master")
+        value = read_tensor(init, "graph initializer").astype(master)
+        init.CopyFrom(numpy_helper.from_array(value, name))
+        casts.append(
+            helper.make_node(
+                "Cast",
+                [name],
+                [n],
+                to=int(helper.np_dtype_to_tensor_dtype(dtype)),
+                name=names(f"{n}.cast"),
+            )
+        )
+        masters.append(name)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*casts, *nodes])
+    return masters
+
+
 def attach(
     model: onnx.ModelProto | bytes | str | os.PathLike[str],
     *,
@@ -56,6 +116,7 @@ def attach(
     clip_global_norm: float | None = None,
     class_axis: int | None = None,
     lift_constants: bool = True,
+    master_dtype: str | np.dtype | type | None = None,
 ) -> onnx.ModelProto:
     """An inference model made trainable: its graph computing the same, plus ``training_info``.
 
@@ -160,6 +221,11 @@ def attach(
     names.taken.add(LOSS_OUTPUT)
 
     chosen = chosen_plan.trained
+    if master_dtype is not None:
+        if model is given:  # the caller's proto: rewritten in a copy
+            model = copy_model(model)
+            graph = model.graph
+        chosen = _master_weights(graph, chosen, master_dtype, names)
     values = {i.name: i for i in graph.initializer}
     # Shapes and dtypes only (make_plan has read and checked every value): the weights of a
     # model above 2 GiB are not copied here, and the state is made one tensor at a time.
@@ -227,8 +293,9 @@ def attach(
         raise ValueError(
             f"the optimizer keeps its state in {sorted(str(d) for d in kept)} but the trained "
             f"tensors are {dtype}: the ONNX {operator.op_type} node holds the state in the "
-            "parameters' dtype; build the optimizer without accumulator_dtype (Session's "
-            "micro_batches sums 16-bit gradients in float32)"
+            "parameters' dtype; for float32 state of 16-bit weights pass "
+            "master_dtype='float32' (float32 master weights), or build the optimizer without "
+            "accumulator_dtype"
         )
     stored = [
         numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
@@ -258,8 +325,7 @@ def attach(
     )
 
     if model is given:  # the caller's proto, unchanged by loading and lifting: not ours
-        result = onnx.ModelProto()
-        result.CopyFrom(model)
+        result = copy_model(model)  # a tensor at a time: CopyFrom refuses 2 GiB
     else:  # read from a path or bytes, or copied while loading or lifting: ours to extend
         result = model
     result.graph.initializer.extend(stored)
