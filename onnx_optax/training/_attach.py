@@ -188,6 +188,12 @@ def attach(
       lift_constants: store the float Constant nodes that train as
         initializers (default); False leaves every Constant node as it is and
         untrained.
+      master_dtype: ``"float32"`` (or float64) to train 16-bit weights on wider
+        master copies: each trained float16/bfloat16 ``W`` becomes the trained
+        initializer ``W.master`` of this dtype, read through ``Cast(W.master) ->
+        W`` at the start of the graph (the forward pass stays 16-bit); the
+        Gradient, the optimizer node and its state are in this dtype.
+        :meth:`Session.to_inference_model` folds the Casts back into ``W``.
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
