@@ -33,6 +33,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
+        "slow: minutes and many GiB (a model above 2 GiB); left out unless `pytest -m slow`",
+    )
+    config.addinivalue_line(
+        "markers",
         "standard_promotion: run with JAX's standard dtype promotion (for tests that call "
         "optax built-ins, which are not clean under strict promotion)",
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -13,7 +15,7 @@ from onnx import helper, numpy_helper
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
-from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype
@@ -25,9 +27,81 @@ from onnx_optax.training._losses import (
     loss_nodes,
     softmax_logits,
 )
-from onnx_optax.training._model import Names, as_model, declared, value_info, with_opset
+from onnx_optax.training._model import (
+    Names,
+    as_model,
+    copy_model,
+    declared,
+    value_info,
+    with_opset,
+)
 from onnx_optax.training._plan import lift, loss_output, make_plan
 from onnx_optax.training.schedules import learning_rate_nodes
+
+
+def _state(
+    optimizer: Transformation,
+    params: dict[str, jax.ShapeDtypeStruct],
+    name: str,
+    field: str,
+) -> np.ndarray:
+    """The initial ``field`` (V, H, ...) of the trained tensor ``name``, as ``init`` makes it."""
+    tree = getattr(optimizer.init({name: params[name]}), field)
+    if isinstance(tree, PackedTree):
+        tree = tree.unpack()
+    return np.asarray(tree[name])
+
+
+def _master_weights(
+    graph: onnx.GraphProto, chosen: list[str], master_dtype: Any, names: Names
+) -> list[str]:
+    """Each trained 16-bit weight ``W`` as a wider master initializer and ``Cast(master) -> W``.
+
+    Changes ``graph`` in place and returns the masters' names, in ``chosen``'s
+    order: the inference graph reads ``W`` as before, now computed by a Cast
+    node at its beginning, so it computes in the weight's own dtype.
+    """
+    try:
+        master = np.dtype(master_dtype)
+    except TypeError:
+        raise TypeError(
+            f"master_dtype must be a float dtype such as 'float32'; got {master_dtype!r}"
+        ) from None
+    if master not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"master_dtype must be float32 or float64; got {master}")
+    inputs = {v.name for v in graph.input}
+    position = {init.name: i for i, init in enumerate(graph.initializer)}
+    masters, casts = [], []
+    for n in chosen:
+        init = graph.initializer[position[n]]
+        dtype = tensor_dtype(init.data_type, f"initializer '{n}'")
+        if dtype.itemsize >= master.itemsize:
+            raise ValueError(
+                f"master_dtype={master} keeps a wider copy of 16-bit weights, but the trained "
+                f"tensor '{n}' is {dtype}; leave master_dtype out"
+            )
+        if n in inputs:
+            raise ValueError(
+                f"the trained tensor '{n}' is also a graph input (a default value a feed may "
+                "replace), which a master weight cannot be; remove it from the graph's inputs"
+            )
+        name = names(f"{n}.master")
+        value = read_tensor(init, "graph initializer").astype(master)
+        init.CopyFrom(numpy_helper.from_array(value, name))
+        casts.append(
+            helper.make_node(
+                "Cast",
+                [name],
+                [n],
+                to=int(helper.np_dtype_to_tensor_dtype(dtype)),
+                name=names(f"{n}.cast"),
+            )
+        )
+        masters.append(name)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*casts, *nodes])
+    return masters
 
 
 def attach(
@@ -42,6 +116,7 @@ def attach(
     clip_global_norm: float | None = None,
     class_axis: int | None = None,
     lift_constants: bool = True,
+    master_dtype: str | np.dtype | type | None = None,
 ) -> onnx.ModelProto:
     """An inference model made trainable: its graph computing the same, plus ``training_info``.
 
@@ -113,11 +188,18 @@ def attach(
       lift_constants: store the float Constant nodes that train as
         initializers (default); False leaves every Constant node as it is and
         untrained.
+      master_dtype: ``"float32"`` (or float64) to train 16-bit weights on wider
+        master copies: each trained float16/bfloat16 ``W`` becomes the trained
+        initializer ``W.master`` of this dtype, read through ``Cast(W.master) ->
+        W`` at the start of the graph (the forward pass stays 16-bit); the
+        Gradient, the optimizer node and its state are in this dtype.
+        :meth:`Session.to_inference_model` folds the Casts back into ``W``.
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
       and :func:`check`.
     """
+    given = model
     model = as_model(model)  # the one loading layer: limits, names, external data
     operator = operator_of(optimizer)
     if model.training_info:
@@ -145,8 +227,20 @@ def attach(
     names.taken.add(LOSS_OUTPUT)
 
     chosen = chosen_plan.trained
+    if master_dtype is not None:
+        if model is given:  # the caller's proto: rewritten in a copy
+            model = copy_model(model)
+            graph = model.graph
+        chosen = _master_weights(graph, chosen, master_dtype, names)
     values = {i.name: i for i in graph.initializer}
-    params = {n: read_tensor(values[n], "graph initializer") for n in chosen}
+    # Shapes and dtypes only (make_plan has read and checked every value): the weights of a
+    # model above 2 GiB are not copied here, and the state is made one tensor at a time.
+    params = {
+        n: jax.ShapeDtypeStruct(
+            tuple(values[n].dims), tensor_dtype(values[n].data_type, "graph initializer")
+        )
+        for n in chosen
+    }
     dtype = _common_dtype(list(params.values()))
     p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
 
@@ -193,11 +287,11 @@ def attach(
     one, T_next = names("T.one"), names("T.next")
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
 
-    state = optimizer.init({n: jax.numpy.asarray(v) for n, v in params.items()})
+    abstract_state = jax.eval_shape(optimizer.init, params)
     kept = {
         np.dtype(leaf.dtype)
         for field in operator.fields
-        for leaf in jax.tree.leaves(getattr(state, field))
+        for leaf in jax.tree.leaves(getattr(abstract_state, field))
     }
     if kept - {dtype}:
         # The ONNX optimizer nodes type X, G and the state alike (T3): a state in another
@@ -205,20 +299,21 @@ def attach(
         raise ValueError(
             f"the optimizer keeps its state in {sorted(str(d) for d in kept)} but the trained "
             f"tensors are {dtype}: the ONNX {operator.op_type} node holds the state in the "
-            "parameters' dtype; build the optimizer without accumulator_dtype (Session's "
-            "micro_batches sums 16-bit gradients in float32)"
+            "parameters' dtype; for float32 state of 16-bit weights pass "
+            "master_dtype='float32' (float32 master weights), or build the optimizer without "
+            "accumulator_dtype"
         )
     stored = [
         numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
         numpy_helper.from_array(np.asarray(1, dtype), scale),
     ]
+    # The state of each tensor alone (init fills each leaf alike, packed or not), each
+    # array freed once in the model: a copy of all of them would be 2x the weights (Adam).
+    state_values: list[tuple[str, Callable[[], np.ndarray]]] = []
     for field in operator.fields:
-        tree = getattr(state, field)
-        if isinstance(tree, PackedTree):
-            tree = tree.unpack()
         for i, n in enumerate(chosen):
-            stored.append(
-                numpy_helper.from_array(np.asarray(tree[n], dtype), rename[f"p{i}.{field}"])
+            state_values.append(
+                (rename[f"p{i}.{field}"], functools.partial(_state, optimizer, params, n, field))
             )
     inits += [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
     binding = {}
@@ -235,9 +330,13 @@ def attach(
         nodes, "training_step", [target_info], algorithm_outputs, initializer=inits
     )
 
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
+    if model is given:  # the caller's proto, unchanged by loading and lifting: not ours
+        result = copy_model(model)  # a tensor at a time: CopyFrom refuses 2 GiB
+    else:  # read from a path or bytes, or copied while loading or lifting: ours to extend
+        result = model
     result.graph.initializer.extend(stored)
+    for name, make in state_values:
+        result.graph.initializer.append(numpy_helper.from_array(make(), name))
     result.ir_version = max(result.ir_version, 7)
     if not any(o.domain == DOMAIN for o in result.opset_import):
         result.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))

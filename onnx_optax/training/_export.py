@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import BinaryIO
 
 import numpy as np
@@ -70,10 +70,8 @@ def serialized_bytes(model: onnx.ModelProto) -> int:
     return size
 
 
-def _bytes(source: bytes | Callable[[], np.ndarray]) -> bytes | memoryview:
-    """A tensor's raw_data: kept bytes, or an array fetched now (little-endian, as ONNX stores)."""
-    if isinstance(source, bytes):
-        return source
+def _bytes(source: Callable[[], np.ndarray]) -> memoryview:
+    """An array fetched now as a tensor's raw_data (little-endian, as ONNX stores)."""
     array = np.asarray(source())
     return (
         np.ascontiguousarray(array, array.dtype.newbyteorder("<")).reshape(-1).view(np.uint8).data
@@ -100,62 +98,78 @@ def save_model(
     """
     path = check_destination(path, "the model")
     location = f"{path.name}.data"
-    outside: list[tuple[onnx.TensorProto, bytes | Callable[[], np.ndarray]]] = []
-
-    def move_out(tensor: onnx.TensorProto, source: bytes | Callable[[], np.ndarray]) -> None:
-        outside.append((tensor, source))
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        tensor.external_data.add(key="location", value=location)
-        tensor.external_data.add(key="length", value=str(_byte_length(tensor)))
-
+    # What goes to the data file: each tensor and where its bytes come from (an array
+    # fetched when written, or the tensor's own raw_data, read when written): nothing is
+    # read or copied before it is written, one tensor at a time.
+    outside: list[tuple[onnx.TensorProto, Callable[[], np.ndarray] | None]] = []
     for tensor in model.graph.initializer:
         if tensor.name in arrays:
             if (_byte_length(tensor) or 0) >= EXTERNAL_THRESHOLD:
-                move_out(tensor, arrays[tensor.name])
+                outside.append((tensor, arrays[tensor.name]))
             else:
                 tensor.CopyFrom(numpy_helper.from_array(arrays[tensor.name](), tensor.name))
     for tensor in _tensors(model):
         length = _byte_length(tensor)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL or (length or 0) < EXTERNAL_THRESHOLD:
+        if (
+            tensor.name in arrays
+            or tensor.data_location == onnx.TensorProto.EXTERNAL
+            or (length or 0) < EXTERNAL_THRESHOLD
+        ):
             continue
         if not tensor.HasField("raw_data"):
             array = read_tensor(tensor, "model tensor")
             tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
-        move_out(tensor, tensor.raw_data)
-    size = serialized_bytes(model)
+        outside.append((tensor, None))
+    lengths = [_byte_length(tensor) or 0 for tensor, _ in outside]
     if external_data is None:
-        external_data = size > PROTOBUF_LIMIT
+        # The declared bytes first: protobuf (upb) measures a message by serializing it,
+        # and refuses to above 2 GiB.
+        external_data = sum(lengths) > PROTOBUF_LIMIT or _size(model, arrays) > PROTOBUF_LIMIT
     if not external_data:
+        size = _size(model, arrays)
         if size > PROTOBUF_LIMIT:
             raise ValueError(
                 f"the model takes {size} bytes, more than protobuf's limit of {PROTOBUF_LIMIT}; "
                 "save it with external_data=True (or None, the default)"
             )
         for tensor, source in outside:
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = bytes(_bytes(source))
+            if source is not None:
+                tensor.raw_data = bytes(_bytes(source))
         write_files([(path, model.SerializeToString())], what="the model")
         return
-    lengths = [_byte_length(tensor) or 0 for tensor, _ in outside]
-    offset = 0
-    for (tensor, _), length in zip(outside, lengths, strict=True):
-        tensor.external_data.add(key="offset", value=str(offset))
-        offset += length
 
     def write_data(file: BinaryIO) -> None:
         for (tensor, source), length in zip(outside, lengths, strict=True):
-            written = file.write(_bytes(source))
+            written = file.write(_bytes(source) if source is not None else tensor.raw_data)
             if written != length:  # the offsets the model records would be wrong
                 raise ValueError(
                     f"tensor '{tensor.name}' gave {written} bytes for external data, "
                     f"its dims declare {length}"
                 )
 
-    # The model is serialized before anything is written; its data file is renamed first.
-    serialized = model.SerializeToString()
-    write_files([(path.parent / location, write_data), (path, serialized)], what="the model")
+    def write_model(file: BinaryIO) -> None:
+        # After the data (each tensor's raw_data was read from the model while written).
+        offset = 0
+        for (tensor, _), length in zip(outside, lengths, strict=True):
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (("location", location), ("offset", offset), ("length", length)):
+                tensor.external_data.add(key=key, value=str(value))
+            offset += length
+        file.write(model.SerializeToString())
+
+    # Both new files are written in full (the data first), then renamed (the data first).
+    write_files([(path.parent / location, write_data), (path, write_model)], what="the model")
+
+
+def _size(model: onnx.ModelProto, arrays: Mapping[str, Callable[[], np.ndarray]]) -> int:
+    """The serialized bytes of ``model`` with the values of ``arrays`` in their tensors."""
+    added = 0
+    for tensor in model.graph.initializer:
+        if tensor.name in arrays and not tensor.HasField("raw_data"):
+            added += _field_bytes(_byte_length(tensor) or 0)
+    return serialized_bytes(model) + added
 
 
 # ----------------------------------------------------------------------------- inference
@@ -214,3 +228,40 @@ def strip_training(model: onnx.ModelProto) -> None:
         domain = model.opset_import[index].domain
         if domain in training_domains - used - {"", "ai.onnx"}:
             del model.opset_import[index]
+
+
+def fold_casts(model: onnx.ModelProto, trained: Collection[str]) -> None:
+    """Each ``Cast`` of a trained initializer that nothing else reads, computed once, in place.
+
+    A master weight (``attach(master_dtype=...)``) is a wider initializer the
+    inference graph reads through a Cast to the weight's own dtype: the
+    inference model gets the cast value under the Cast's output name, the
+    weight's original name, and neither the wider copy nor the Cast.
+    """
+    graph = model.graph
+    readers: dict[str, int] = {}
+    for node in _nodes(graph.node):
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    for value in graph.output:
+        readers[value.name] = readers.get(value.name, 0) + 1
+    position = {init.name: i for i, init in enumerate(graph.initializer)}
+    kept = []
+    for node in graph.node:
+        source = node.input[0] if len(node.input) == 1 else ""
+        if (
+            node.op_type == "Cast"
+            and node.domain in ("", "ai.onnx")
+            and source in trained
+            and source in position
+            and readers.get(source) == 1
+        ):
+            to = next(a.i for a in node.attribute if a.name == "to")
+            init = graph.initializer[position[source]]
+            value = read_tensor(init, "graph initializer").astype(tensor_dtype(to, node.name))
+            init.CopyFrom(numpy_helper.from_array(value, node.output[0]))
+        else:
+            kept.append(node)
+    if len(kept) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)

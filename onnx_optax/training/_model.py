@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -173,3 +173,38 @@ def read_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 def abstract(value: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(np.shape(value), jax.dtypes.canonicalize_dtype(value.dtype))
+
+
+def _copy_fields(source: Any, target: Any, skip: str) -> None:
+    """Every set field of the message ``source`` into ``target``, except the field ``skip``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        # protobuf 7 says is_repeated; older ones only the label
+        if getattr(field, "is_repeated", getattr(field, "label", 0) == 3):
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def copy_model(model: onnx.ModelProto, hollow: Collection[str] = ()) -> onnx.ModelProto:
+    """A copy of ``model``, its main graph's initializers named in ``hollow`` without data.
+
+    ``CopyFrom`` cannot copy a model above 2 GiB (protobuf's upb copies a
+    message by serializing it, and refuses 2 GiB), nor is a copy of data about
+    to be replaced worth making: this copies the main graph's initializers one
+    at a time (each below 2 GiB), a hollow one as its name, type and dims.
+    """
+    result = onnx.ModelProto()
+    _copy_fields(model, result, "graph")
+    _copy_fields(model.graph, result.graph, "initializer")
+    for init in model.graph.initializer:
+        if init.name in hollow:
+            result.graph.initializer.append(
+                onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            )
+        else:
+            result.graph.initializer.add().CopyFrom(init)
+    return result

@@ -343,7 +343,11 @@ def _kind(graph: _Graph, name: str, value: np.ndarray) -> tuple[str, str]:
         return "unreached", "read by no node"
     weight = next((why for kind, why in uses if kind == WEIGHT), None)
     data = next((why for kind, why in uses if kind == "data"), None)
-    finite = bool(np.all(np.isfinite(value.astype(np.float64, copy=False))))
+    flat = value.reshape(-1)  # checked in parts: a float64 copy of a 1 GiB weight is 2 GiB
+    finite = all(
+        np.all(np.isfinite(flat[i : i + 2**20].astype(np.float64, copy=False)))
+        for i in range(0, flat.size, 2**20)
+    )
     if not finite and (weight or data):
         return "non-finite", "holds an infinity or a NaN"
     if weight:
@@ -436,14 +440,6 @@ def make_plan(
         )
     main = model.graph
     stored = {i.name for i in main.initializer}
-    values: dict[str, tuple[np.ndarray, str]] = {
-        i.name: (read_tensor(i, "graph initializer"), "initializer") for i in main.initializer
-    }
-    for node in main.node:
-        value = constant_value(node)
-        if value is not None and node.output[0] not in values:
-            label = f"'{node.name}'" if node.name else f"'{node.output[0]}'"
-            values[node.output[0]] = (value, f"Constant node {label}")
     graph = _Graph(
         [n for n in main.node if _op(n) is not None],
         frozenset(i.name for i in main.input if i.name not in stored),
@@ -451,12 +447,25 @@ def make_plan(
         _stored(main),
     )
     reached = graph.reached(output)
+    # Each tensor is read, classified and let go: its entry keeps its shape and dtype only
+    # (a broadcast view of one element), so a model's weights are never all read at once.
+    values: dict[str, tuple[np.ndarray, str]] = {}
     kinds: dict[str, tuple[str, str]] = {}
-    for name, (value, _) in values.items():
+
+    def classify(name: str, value: np.ndarray, source: str) -> None:
         kind, why = _kind(graph, name, value)
         if kind not in (*NEVER, "unreached") and name not in reached:
             kind, why = "unreached", f"the output '{output}' does not depend on it ({why})"
         kinds[name] = (kind, why)
+        values[name] = (np.broadcast_to(np.zeros((), value.dtype), value.shape), source)
+
+    for init in main.initializer:
+        classify(init.name, read_tensor(init, "graph initializer"), "initializer")
+    for node in main.node:
+        value = constant_value(node)
+        if value is not None and node.output[0] not in values:
+            label = f"'{node.name}'" if node.name else f"'{node.output[0]}'"
+            classify(node.output[0], value, f"Constant node {label}")
     constants = {n for n, (_, source) in values.items() if source != "initializer"}
     candidates = {n: v for n, v in values.items() if lift_constants or n not in constants}
     weights = [n for n in candidates if kinds[n][0] == WEIGHT]

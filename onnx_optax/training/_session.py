@@ -22,13 +22,14 @@ from onnx_optax._src.ops import RunChecks, raise_failed
 from onnx_optax._src.remat import rematerialized
 from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
-from onnx_optax.training._export import save_model, strip_training
+from onnx_optax.training._export import fold_casts, save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._metrics import shortest_float
 from onnx_optax.training._model import (
     TrainingModelError,
     abstract,
     as_model,
+    copy_model,
     declared,
     mutable,
     opsets,
@@ -164,16 +165,10 @@ class Session:
                 "(a node inside a Gradient counts 3 times per level of Gradient around it), "
                 f"more than the limit of {DEFAULT_LIMITS.traced_nodes} (Limits.traced_nodes)"
             )
-        # The model without the bound initializers' data (the state holds it).
-        if loaded is model:
-            loaded = onnx.ModelProto()
-            loaded.CopyFrom(model)
-        for init in loaded.graph.initializer:
-            if init.name in self._dtypes:
-                init.CopyFrom(
-                    onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
-                )
-        self._model = loaded
+        # The model without the bound initializers' data (the state holds it), copied a
+        # tensor at a time: a model above 2 GiB is no one protobuf message to copy.
+        self._model = copy_model(loaded, self._dtypes)
+        del loaded, checked
         state = {n: to_jax(f"initializer '{n}'", initializers.pop(n)) for n in names}
         self._state = {n: self._place(v) for n, v in state.items()}
         self._constants = [
@@ -587,6 +582,8 @@ class Session:
         for init in model.graph.initializer:
             if init.name in self._state:
                 init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))
+        if strip:  # float32 master weights back to the dtype the inference graph reads
+            fold_casts(model, self._state)
         return model
 
     def to_model(self) -> onnx.ModelProto:
