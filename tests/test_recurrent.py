@@ -10,16 +10,19 @@ are compared with central differences, and ``training.attach`` trains an LSTM.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
+from onnx_optax._src.graph import GraphFunction  # noqa: E402
 
 F32, F64, I32 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -211,3 +214,179 @@ def test_matches_onnxruntime(op: str, layout: int) -> None:
         assert ours.shape == want.shape and ours.dtype == want.dtype, name
         np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6, err_msg=name)
         assert np.abs(want).max() > 1e-2, name  # not a vacuous comparison
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+# Each activation with its parameters given (onnxruntime's defaults differ from the spec's for
+# some: see test_activation_defaults_follow_the_onnx_ops).
+ACTIVATIONS = [
+    ("Relu", [], []),
+    ("Tanh", [], []),
+    ("Sigmoid", [], []),
+    ("Affine", [0.7], [0.2]),
+    ("LeakyRelu", [0.2], []),
+    ("ThresholdedRelu", [0.3], []),
+    ("ScaledTanh", [1.4], [0.6]),
+    ("HardSigmoid", [0.3], [0.4]),
+    ("Elu", [0.8], []),
+    ("Softsign", [], []),
+    ("Softplus", [], []),
+]
+
+
+def test_each_activation_matches_onnxruntime() -> None:
+    """An RNN node per activation (with clip on half of them), in both directions, whose
+    second direction takes the parameters that follow the first's."""
+    models, feeds = [], {}
+    for seed, (name, alpha, beta) in enumerate(ACTIVATIONS):
+        node_feeds = make_feeds("RNN", 2, 0, {"B", "initial_h"}, seed=seed)
+        attrs: dict[str, Any] = {"activations": [name, name]}
+        if alpha:
+            attrs["activation_alpha"] = [*alpha, alpha[0] * 0.5]
+        if beta:
+            attrs["activation_beta"] = [*beta, beta[0] * 2]
+        if seed % 2:
+            attrs["clip"] = 0.9
+        prefix = name + "_"
+        models.append(
+            recurrent_model("RNN", node_feeds, prefix=prefix, direction="bidirectional", **attrs)
+        )
+        feeds.update({prefix + k: v for k, v in node_feeds.items()})
+    model = merged(models)
+    expected = run_onnxruntime(model, feeds)
+    got = backend.prepare(model).run(feeds)
+    for output, ours, want in zip(model.graph.output, got, expected, strict=True):
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6, err_msg=output.name)
+        assert np.abs(want).max() > 1e-2, output.name
+
+
+@pytest.mark.parametrize(
+    ("name", "formula"),
+    [
+        ("LeakyRelu", lambda v: np.where(v >= 0, v, 0.01 * v)),
+        ("ThresholdedRelu", lambda v: np.where(v > 1.0, v, 0.0)),
+        ("HardSigmoid", lambda v: np.clip(0.2 * v + 0.5, 0, 1)),
+        ("Elu", lambda v: np.where(v >= 0, v, np.expm1(v))),
+        ("Affine", lambda v: v),  # alpha 1, beta 0
+        ("ScaledTanh", np.tanh),  # alpha 1, beta 1
+    ],
+)
+def test_activation_defaults_follow_the_onnx_ops(name: str, formula: Callable[..., Any]) -> None:
+    """Without activation_alpha/beta, an activation takes the defaults of the ONNX op of its
+    name, as the spec says (ThresholdedRelu's alpha 1; Affine and ScaledTanh, which have no
+    op today, as the identity and tanh). onnxruntime takes 0 for those three, so the
+    expected values are the spec's formula on one step: Y = f(X W^T + Wb + Rb)."""
+    feeds = make_feeds("RNN", 1, 0, {"B"})
+    feeds["X"] = feeds["X"][:1] * 2
+    model = recurrent_model("RNN", feeds, activations=[name])
+    y, y_h = backend.prepare(model).run(feeds)
+    pre = feeds["X"][0] @ feeds["W"][0].T + feeds["B"][0, :HIDDEN] + feeds["B"][0, HIDDEN:]
+    np.testing.assert_allclose(y_h[0], formula(pre), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y[0], y_h)
+
+
+# ----------------------------------------------------------------------------- other forms
+
+
+@pytest.mark.parametrize(
+    "outputs", [("", "Y_h"), ("Y",), ("", "", "Y_c"), ("Y", "", "Y_c")], ids=str
+)
+def test_optional_outputs_match_onnxruntime(outputs: tuple[str, ...]) -> None:
+    feeds = make_feeds("LSTM", 2, 0, {"B", "sequence_lens", "initial_h"})
+    model = recurrent_model("LSTM", feeds, outputs=outputs, direction="bidirectional")
+    expected = run_onnxruntime(model, feeds)
+    got = backend.prepare(model).run(feeds)
+    assert len(got) == len(expected) == len([o for o in outputs if o])
+    for ours, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("opset", [7, 14, 22])
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_each_opset_matches_onnxruntime(op: str, opset: int) -> None:
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    feeds = make_feeds(op, 2, 0, ALL)
+    model = recurrent_model(op, feeds, opset=opset, direction="bidirectional", **attrs)
+    expected = run_onnxruntime(model, feeds)
+    got = backend.prepare(model).run(feeds)
+    for ours, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("lengths", [[SEQ, SEQ, SEQ], [1, SEQ, 3]], ids=["full", "short"])
+def test_sequence_lens_from_an_initializer_match_onnxruntime(lengths: list[int]) -> None:
+    """sequence_lens known while tracing (an initializer), as exporters write it."""
+    feeds = make_feeds("GRU", 2, 0, {"B", "initial_h"})
+    feeds["sequence_lens"] = np.array(lengths, np.int32)
+    model = recurrent_model("GRU", feeds, direction="bidirectional")
+    graph = model.graph
+    (lens,) = [i for i in graph.input if i.name == "sequence_lens"]
+    graph.input.remove(lens)
+    graph.initializer.append(numpy_helper.from_array(feeds.pop("sequence_lens"), "sequence_lens"))
+    expected = run_onnxruntime(model, feeds)
+    got = backend.prepare(model).run(feeds)
+    for ours, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "change", "message"),
+    [
+        ({"activations": ["Tanh", "Relu", "Tanh"]}, {}, r"3 activations given; 1 per direction"),
+        ({"activations": ["Swish"]}, {}, r"unknown activation 'Swish'"),
+        ({"direction": "sideways"}, {}, r"direction 'sideways'"),
+        ({}, {"W": np.zeros((1, 3, 5), np.float32)}, r"W has shape \[1, 3, 5\], \[1, 3, 4\]"),
+        ({}, {"sequence_lens": np.array([1, 9, 2], np.int32)}, r"sequence_lens holds 9"),
+    ],
+)
+def test_mistakes_are_refused_naming_the_node(
+    attrs: dict[str, Any], change: dict[str, np.ndarray], message: str
+) -> None:
+    feeds = make_feeds("RNN", 1, 0, {"sequence_lens"} if "sequence_lens" in change else set())
+    model = recurrent_model("RNN", feeds, **attrs)
+    feeds.update(change)
+    with pytest.raises(ValueError, match=r"node 'rec' \(ai\.onnx\.RNN\).*" + message):
+        backend.prepare(model).run(feeds)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("LSTM", {"direction": "bidirectional"}),
+        ("LSTM", {"direction": "reverse", "input_forget": 1, "clip": 2.0}),
+        ("GRU", {"direction": "bidirectional"}),
+        ("GRU", {"direction": "forward", "linear_before_reset": 1, "layout": 1}),
+    ],
+)
+def test_gradients_match_central_differences(op: str, attrs: dict[str, Any]) -> None:
+    """jax.grad of a weighted sum of every output, w.r.t. each float input, along random
+    directions, equals central differences of the float64 graph (sequence_lens short, so
+    the masking is crossed)."""
+    directions = 2 if attrs["direction"] == "bidirectional" else 1
+    feeds = make_feeds(op, directions, attrs.get("layout", 0), ALL, dtype=np.float64)
+    model = recurrent_model(op, feeds, elem=F64, **attrs)
+    floats = {k: v for k, v in feeds.items() if v.dtype == np.float64}
+    with jax.enable_x64(True):
+        graph = GraphFunction(model.graph, opsets={"": 14})
+        rng = np.random.default_rng(7)
+        weights = [rng.standard_normal(np.shape(y)) for y in graph.apply(feeds)]
+
+        @jax.jit
+        def loss(values: dict[str, Any]) -> Any:
+            outs = graph.apply({**feeds, **values})
+            return sum((y * w).sum() for y, w in zip(outs, weights, strict=True))
+
+        grads = jax.grad(loss)(floats)
+        for wrt, x in floats.items():  # along a random direction v: d loss(x + t v) / dt
+            v = rng.standard_normal(x.shape)
+            step = 1e-6 * max(1.0, float(np.abs(x).max()))
+            plus, minus = loss({**floats, wrt: x + step * v}), loss({**floats, wrt: x - step * v})
+            fd = float(plus - minus) / (2 * step)
+            assert abs(fd) > 1e-2, wrt  # not a vacuous comparison
+            got = float((np.asarray(grads[wrt]) * v).sum())
+            np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-8, err_msg=wrt)
