@@ -390,3 +390,46 @@ def test_gradients_match_central_differences(op: str, attrs: dict[str, Any]) -> 
             assert abs(fd) > 1e-2, wrt  # not a vacuous comparison
             got = float((np.asarray(grads[wrt]) * v).sum())
             np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-8, err_msg=wrt)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_attach_trains_an_lstm() -> None:
+    """A PyTorch-shaped LSTM (W, R, B initializers, no initial states) under a linear head,
+    trained by attach on a fixed task: the loss falls, and W, R and B all move."""
+    import onnx_optax
+    from onnx_optax import training
+
+    rng = np.random.default_rng(0)
+    params = {
+        "W": (rng.standard_normal((1, 4 * HIDDEN, INPUT)) * 0.3).astype(np.float32),
+        "R": (rng.standard_normal((1, 4 * HIDDEN, HIDDEN)) * 0.3).astype(np.float32),
+        "B": np.zeros((1, 8 * HIDDEN), np.float32),
+        "head": (rng.standard_normal((HIDDEN, 1)) * 0.3).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("LSTM", ["X", "W", "R", "B"], ["", "Y_h"], hidden_size=HIDDEN),
+        helper.make_node("Reshape", ["Y_h", "flat"], ["h"]),
+        helper.make_node("MatMul", ["h", "head"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", F32, [SEQ, 8, INPUT])],
+        [helper.make_tensor_value_info("out", F32, [8, 1])],
+        initializer=[
+            *(numpy_helper.from_array(v, k) for k, v in params.items()),
+            numpy_helper.from_array(np.array([8, HIDDEN], np.int64), "flat"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    trained = training.attach(model, loss="mse", target="t", optimizer=onnx_optax.adam(0.05))
+    assert training.check(trained) == []
+    session = training.Session(trained)
+    x = rng.standard_normal((SEQ, 8, INPUT)).astype(np.float32)
+    t = np.tanh(x.sum(axis=(0, 2)))[:, None].astype(np.float32)  # depends on every step
+    losses = [float(session.step({"X": x, "t": t})["loss"]) for _ in range(40)]
+    assert losses[-1] < 0.2 * losses[0], losses
+    for name in ("W", "R", "B"):
+        assert not np.allclose(session.initializers[name], params[name]), name
