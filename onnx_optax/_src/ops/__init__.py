@@ -11,6 +11,7 @@ imports every family, so whoever reads the registry sees them all.
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, Pad, ...,
   Identity, Constant, ConstantOfShape, Range
 - ``reductions``: Reduce*, ArgMax/ArgMin
+- ``image``: Resize
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
@@ -26,6 +27,7 @@ new module here, imported below.
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
     control_flow,
     elementwise,
+    image,
     losses,
     ml,
     nn,
