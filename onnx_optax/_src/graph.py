@@ -412,7 +412,7 @@ class _StandardStep(_Step):
                 raise NotStaticError(
                     f"{self.where}: input '{self.inputs[position]}' must be known when the graph "
                     "is compiled (a constant, an initializer or computed from shapes); it depends "
-                    "on the values fed"
+                    "on the values fed, and XLA compiles static shapes"
                 )
         traced = not all(a is None or is_static(a) for a in args)
         if traced:
@@ -818,11 +818,19 @@ class GraphFunction:
         for name, init in initializers.items():
             if name in read:
                 values[name] = read_tensor(init, f"graph '{graph.name}' initializer")
-        # Small integer tensors are shape data: kept on the host, known while tracing.
+        # Small integer tensors are shape data: kept on the host, known while tracing; so
+        # are small tensors an op reads as a shape, of any dtype (Resize's float scales).
+        shape_reads = {
+            step.inputs[p]
+            for step in self._steps.values()
+            if isinstance(step, _StandardStep)
+            for p in step.op.static
+            if p < len(step.inputs)
+        }
         self.static = {
             name: v
             for name, v in values.items()
-            if (np.issubdtype(v.dtype, np.integer) or v.dtype == bool)
+            if (np.issubdtype(v.dtype, np.integer) or v.dtype == bool or name in shape_reads)
             and v.size <= STATIC_INITIALIZER_LIMIT
         }
         # The rest is data, passed to the compiled graph (checked on the first run).

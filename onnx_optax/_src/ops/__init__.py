@@ -8,9 +8,11 @@ imports every family, so whoever reads the registry sees them all.
 - ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
   normalizations, Dropout
-- ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, Pad, ...,
-  Identity, Constant, ConstantOfShape, Range
-- ``reductions``: Reduce*, ArgMax/ArgMin
+- ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
+  ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
+  Range, OneHot, EyeLike
+- ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd
+- ``image``: Resize
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
@@ -27,6 +29,7 @@ new module here, imported below.
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
     control_flow,
     elementwise,
+    image,
     losses,
     ml,
     nn,

@@ -1,4 +1,4 @@
-"""Reductions of ai.onnx: the Reduce* ops and ArgMax/ArgMin.
+"""Reductions of ai.onnx: the Reduce* ops, ArgMax/ArgMin, TopK and CumSum/CumProd.
 
 The Reduce* ops read their axes from an input (newer opsets) or an attribute
 (older ones).
@@ -13,9 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from onnx_optax._src.ops.arrays import _axes, _axes_of, _axis, _cast, _xp, _xp_sized
+from onnx_optax._src.ops.arrays import (
+    _axes,
+    _axes_of,
+    _axis,
+    _canonical,
+    _cast,
+    _xp,
+    _xp_sized,
+    check_size,
+)
 from onnx_optax._src.ops.registry import Node, register
 
 
@@ -106,3 +117,52 @@ def _arg(fn_name: str) -> Callable[..., Any]:
 
 register("ArgMax")(_arg("argmax"))
 register("ArgMin")(_arg("argmin"))
+
+
+def _cumulative(name: str, unit: int) -> Callable[..., Any]:
+    """CumSum or CumProd along ``axis`` (an input), ``exclusive`` and ``reverse``."""
+
+    def run(node: Node, x: Any, axis: Any) -> Any:
+        if np.size(axis) != 1:
+            raise ValueError(f"{node.where}: axis must hold one value, got {np.size(axis)}")
+        a = _axis(int(np.asarray(axis).reshape(())), np.ndim(x), node.where)
+        xp = _xp(x)
+        y = xp.flip(x, axis=a) if node.get("reverse", 0) else x
+        y = getattr(xp, name)(y, axis=a, dtype=y.dtype)
+        if node.get("exclusive", 0) and x.shape[a]:
+            first = list(x.shape)
+            first[a] = 1
+            kept = [slice(None)] * np.ndim(x)
+            kept[a] = slice(0, x.shape[a] - 1)
+            y = xp.concatenate([xp.full(first, unit, y.dtype), y[tuple(kept)]], axis=a)
+        return xp.flip(y, axis=a) if node.get("reverse", 0) else y
+
+    return run
+
+
+register("CumSum", static=(1,))(_cumulative("cumsum", 0))
+register("CumProd", static=(1,))(_cumulative("cumprod", 1))
+
+
+@register("TopK", static=(1,))
+def _top_k(node: Node, x: Any, k: Any = None) -> Any:
+    """The ``k`` largest (or smallest) along ``axis``, sorted; of equal values, the lower
+    index comes first, as ONNX says (a stable sort)."""
+    if node.opset < 10:
+        k = np.asarray([node["k"]], np.int64)
+    if np.size(k) != 1:
+        raise ValueError(f"{node.where}: K must hold one value, got {np.size(k)}")
+    count = int(np.asarray(k).reshape(()))
+    axis = _axis(int(node.get("axis", -1)), np.ndim(x), node.where)
+    if not 0 <= count <= x.shape[axis]:
+        raise ValueError(
+            f"{node.where}: K is {count}; axis {axis} of X of shape {list(x.shape)} holds "
+            f"{x.shape[axis]}"
+        )
+    out = list(x.shape)
+    out[axis] = count
+    check_size(node, out, x.dtype)
+    check_size(node, out, np.int64, "indices")
+    order = jnp.argsort(x, axis=axis, stable=True, descending=bool(node.get("largest", 1)))
+    index = lax.slice_in_dim(order, 0, count, axis=axis)
+    return jnp.take_along_axis(x, index, axis=axis), index.astype(_canonical(np.int64))

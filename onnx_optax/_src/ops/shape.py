@@ -1,8 +1,9 @@
 """Shape and layout ops of ai.onnx, and the ops that make tensors.
 
 Shape, Size, Reshape, Flatten, Transpose, Squeeze/Unsqueeze, Concat, Split,
-Slice, Gather/GatherElements, Expand, Tile, Pad, DepthToSpace/SpaceToDepth, and
-Identity, Constant, ConstantOfShape, Range. Shape-valued inputs are static
+Slice, Gather/GatherElements/GatherND, ScatterND/ScatterElements, Expand, Tile,
+Pad, DepthToSpace/SpaceToDepth, Trilu, and Identity, Constant, ConstantOfShape,
+Range, OneHot, EyeLike. Shape-valued inputs are static
 (``register(..., static=...)``), and these ops compute with numpy on static
 values, so shape arithmetic folds while tracing. A new op that moves, cuts or
 makes tensors goes here.
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_tensors import refuse_narrowing
+from onnx_optax._src.onnx_tensors import refuse_narrowing, tensor_dtype
 from onnx_optax._src.ops.arrays import (
     HOST_FOLD_ELEMENTS,
     _axes,
@@ -25,9 +26,12 @@ from onnx_optax._src.ops.arrays import (
     _axis,
     _canonical,
     _checked_indices,
+    _int_check,
     _ints,
+    _is_int,
     _same_dtype,
     _xp,
+    check_at_run,
     check_size,
     is_static,
 )
@@ -401,3 +405,174 @@ def _space_to_depth(node: Node, x: Any) -> Any:
         return y.reshape(n, c * b * b, h // b, w // b)
     y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
+
+
+def _checked_tuple(node: Node, indices: Any, dims: tuple[int, ...]) -> tuple[Any, ...]:
+    """The last axis of ``indices`` as one index per leading axis of ``dims``, negative ones
+    counted from the end; one outside its axis is an error naming the node (as Gather's)."""
+    _int_check(node, indices, "indices")
+    bound = np.asarray(dims, np.int64).astype(_canonical(indices.dtype))
+    check_at_run(
+        f"{node.where}: indices hold {{}}, outside the axes {list(dims)} they index",
+        (indices < -bound) | (indices >= bound),
+        indices,
+    )
+    xp = _xp(indices)
+    fixed = xp.where(indices < 0, indices + bound, indices)
+    return tuple(fixed[..., j] for j in range(len(dims)))
+
+
+def _batch_dims(node: Node, data: Any, indices: Any) -> tuple[int, int]:
+    """GatherND's ``batch_dims`` and the index depth ``m``, checked against the shapes."""
+    b = int(node.get("batch_dims", 0))
+    rank, shape, ishape = np.ndim(data), np.shape(data), np.shape(indices)
+    if np.ndim(indices) < 1:
+        raise ValueError(f"{node.where}: indices must have rank at least 1")
+    m = ishape[-1]
+    if not 0 <= b < min(rank, np.ndim(indices)) or ishape[:b] != shape[:b]:
+        raise ValueError(
+            f"{node.where}: batch_dims {b} does not fit data {list(shape)} and indices "
+            f"{list(ishape)} (their first batch_dims axes must agree)"
+        )
+    if not 1 <= m <= rank - b:
+        raise ValueError(
+            f"{node.where}: indices of depth {m} cannot index data {list(shape)} past "
+            f"batch_dims {b}"
+        )
+    return b, m
+
+
+@register("GatherND")
+def _gather_nd(node: Node, data: Any, indices: Any) -> Any:
+    b, m = _batch_dims(node, data, indices)
+    shape, ishape = np.shape(data), np.shape(indices)
+    out = [*ishape[:-1], *shape[b + m :]]
+    check_size(node, out, data.dtype)
+    batch = math.prod(shape[:b])
+    flat = jnp.reshape(jnp.asarray(data), (batch, *shape[b:]))
+    idx = jnp.reshape(indices, (batch, -1, m))
+    where = _checked_tuple(node, idx, tuple(shape[b : b + m]))
+    rows = np.arange(batch).reshape(batch, 1)
+    picked = flat.at[(rows, *where)].get(mode="clip")  # out of range: raised after the run
+    return jnp.reshape(picked, out)
+
+
+_SCATTER = {
+    "none": lambda at, u: at.set(u, mode="drop"),
+    "add": lambda at, u: at.add(u, mode="drop"),
+    "mul": lambda at, u: at.multiply(u, mode="drop"),
+    "max": lambda at, u: at.max(u, mode="drop"),
+    "min": lambda at, u: at.min(u, mode="drop"),
+}
+
+
+def _reduction_of(node: Node) -> Any:
+    reduction = node.get("reduction", "none")
+    if reduction not in _SCATTER:
+        raise ValueError(
+            f"{node.where}: reduction {reduction!r} is not one of {', '.join(map(repr, _SCATTER))}"
+        )
+    return _SCATTER[reduction]
+
+
+@register("ScatterND")
+def _scatter_nd(node: Node, data: Any, indices: Any, updates: Any) -> Any:
+    apply = _reduction_of(node)
+    _same_dtype(node, data, updates)
+    shape, ishape = np.shape(data), np.shape(indices)
+    m = ishape[-1] if ishape else 0
+    if not ishape or not 1 <= m <= len(shape):
+        raise ValueError(
+            f"{node.where}: indices of shape {list(ishape)} cannot index data {list(shape)}"
+        )
+    want = [*ishape[:-1], *shape[m:]]
+    if list(np.shape(updates)) != want:
+        raise ValueError(
+            f"{node.where}: updates have shape {list(np.shape(updates))}; indices "
+            f"{list(ishape)} into data {list(shape)} need {want}"
+        )
+    where = _checked_tuple(node, indices, tuple(shape[:m]))
+    return apply(jnp.asarray(data).at[where], updates)
+
+
+@register("ScatterElements", "Scatter")
+def _scatter_elements(node: Node, data: Any, indices: Any, updates: Any) -> Any:
+    apply = _reduction_of(node)
+    _same_dtype(node, data, updates)
+    rank = np.ndim(data)
+    axis = _axis(int(node["axis"]), rank, node.where)
+    shape, ishape = np.shape(data), np.shape(indices)
+    if np.shape(updates) != ishape or len(ishape) != rank:
+        raise ValueError(
+            f"{node.where}: indices {list(ishape)} and updates {list(np.shape(updates))} must "
+            f"have one shape, of the rank of data {list(shape)}"
+        )
+    if any(i > d for a, (i, d) in enumerate(zip(ishape, shape, strict=True)) if a != axis):
+        raise ValueError(
+            f"{node.where}: indices {list(ishape)} are larger than data {list(shape)} off axis "
+            f"{axis}"
+        )
+    fixed = _checked_indices(node, indices, shape[axis], "indices")
+    grid = list(np.indices(ishape, sparse=True))
+    grid[axis] = fixed
+    return apply(jnp.asarray(data).at[tuple(grid)], updates)
+
+
+@register("OneHot", static=(1,))
+def _one_hot(node: Node, indices: Any, depth: Any, values: Any) -> Any:
+    """``values[1]`` where an index (negative ones from ``-depth``) hits, else ``values[0]``;
+    an index outside ``[-depth, depth)`` gives a row of ``values[0]``, as ONNX says."""
+    if np.size(depth) != 1 or np.size(values) != 2:
+        raise ValueError(
+            f"{node.where}: depth must hold one value and values two, got {np.size(depth)} "
+            f"and {np.size(values)}"
+        )
+    n = int(np.asarray(depth).reshape(()))
+    if n < 1:
+        raise ValueError(f"{node.where}: depth is {n}; it must be at least 1")
+    rank = np.ndim(indices) + 1
+    axis = _axis(int(node.get("axis", -1)), rank, node.where)
+    out = list(np.shape(indices))
+    out.insert(axis, n)
+    check_size(node, out, values.dtype)
+    index = jnp.asarray(indices)
+    if not _is_int(index):
+        index = jnp.trunc(index)
+    index = index.astype(_canonical(np.int64))
+    index = jnp.where(index < 0, index + n, index)
+    shape = [1] * rank
+    shape[axis] = n
+    hit = jnp.expand_dims(index, axis) == jnp.arange(n, dtype=index.dtype).reshape(shape)
+    pair = jnp.reshape(values, (2,))
+    return jnp.where(hit, pair[1], pair[0])
+
+
+@register("Trilu", static=(1,))
+def _trilu(node: Node, x: Any, k: Any = None) -> Any:
+    """The upper (``upper=1``) or lower triangle of the last two axes, shifted by ``k``."""
+    if np.ndim(x) < 2:
+        raise ValueError(f"{node.where}: the input has shape {list(np.shape(x))}; it needs rank 2")
+    if k is not None and np.size(k) != 1:
+        raise ValueError(f"{node.where}: k must hold one value, got {np.size(k)}")
+    shift = 0 if k is None else int(np.asarray(k).reshape(()))
+    rows, cols = np.shape(x)[-2:]
+    r = np.arange(rows).reshape(rows, 1)
+    c = np.arange(cols).reshape(1, cols)
+    keep = (c - r >= shift) if node.get("upper", 1) else (c - r <= shift)
+    xp = _xp(x)
+    return xp.where(keep, x, xp.zeros((), x.dtype))
+
+
+@register("EyeLike")
+def _eye_like(node: Node, x: Any) -> Any:
+    """Ones on the ``k``-th diagonal of a matrix of ``x``'s shape, in ``dtype`` or ``x``'s."""
+    if np.ndim(x) != 2:
+        raise ValueError(f"{node.where}: the input has shape {list(np.shape(x))}; it needs rank 2")
+    code = node.get("dtype")
+    dtype = np.dtype(x.dtype) if code is None else tensor_dtype(int(code), node.where)
+    rows, cols = np.shape(x)
+    check_size(node, [rows, cols], dtype)
+    eye = np.eye(rows, cols, int(node.get("k", 0)), dtype=bool)
+    if rows * cols > HOST_FOLD_ELEMENTS:  # a big one is made on the device
+        return jnp.asarray(eye).astype(_canonical(dtype))
+    return eye.astype(dtype)
