@@ -11,6 +11,7 @@ the section it belongs to.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -296,6 +297,111 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
     return jnp.zeros(tuple(shape), dtype)
 
 
+# Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
+# runs 10-40x slower than the same sum written as shifted multiply-adds, and its
+# gradient far slower still (benchmarks/grouped_conv.py). A group of at most
+# SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
+# channels, is therefore lowered on CPU as that sum; elsewhere (GPU) the native conv.
+SHIFTED_CHANNELS = 8
+SHIFTED_TERMS = 128
+
+
+def _native_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+    )
+
+
+def _shifted_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """``_native_conv`` as a sum over the window's taps of strided slices times weights.
+
+    X (N, C, ...) is dilated by ``lhs_dilation`` and padded (a negative pad
+    crops), then viewed as (N, group, C/group, ...); for each tap and each input
+    channel of a group, the slice of X the tap reads at every output position is
+    multiplied by that tap's weights of the group's M/group output channels.
+    XLA fuses the sum into one loop; the gradient is JAX's transpose of it.
+    Inputs narrower than float32 are summed in float32, as XLA's native conv does.
+    """
+    dtype = x.dtype
+    if jnp.finfo(dtype).bits < 32:
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    n = x.shape[0]
+    m, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    config = [(0, 0, 0), (0, 0, 0)]
+    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
+    x = lax.pad(x, np.zeros((), x.dtype), config)
+    spatial = x.shape[2:]
+    out = [
+        (size - span) // s + 1
+        for size, span, s in zip(spatial, _spans(kernel, dilations), strides, strict=True)
+    ]
+    x = x.reshape((n, group, per_group, *spatial))
+    w = w.reshape((group, m // group, per_group, *kernel))
+    ones = (1,) * len(kernel)
+    y = None
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
+        window = lax.slice(x, (0, 0, 0, *starts), (n, group, per_group, *ends), (1, 1, 1, *strides))
+        for c in range(per_group):
+            term = window[:, :, c : c + 1] * w[(slice(None), slice(None), c, *tap)].reshape(
+                (group, m // group, *ones)
+            )
+            y = term if y is None else y + term
+    assert y is not None  # a kernel has at least one tap
+    return y.reshape((n, m, *out)).astype(dtype)
+
+
+def _grouped_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """A (possibly grouped) conv: shifted multiply-adds on CPU for small groups, else native."""
+    per_group = w.shape[1]
+    args = (strides, padding, lhs_dilation, dilations, group)
+    if (
+        group == 1
+        or per_group > SHIFTED_CHANNELS
+        or per_group * math.prod(w.shape[2:]) > SHIFTED_TERMS
+        or not jnp.issubdtype(x.dtype, jnp.floating)
+    ):
+        return _native_conv(x, w, *args)
+    return lax.platform_dependent(
+        x,
+        w,
+        cpu=lambda x, w: _shifted_conv(x, w, *args),
+        default=lambda x, w: _native_conv(x, w, *args),
+    )
+
+
 @register("Conv")
 def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     _same_dtype(node, x, w, b)
@@ -325,14 +431,7 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
             )
         out.append((size + lo + hi - span) // s + 1)
     check_size(node, out, x.dtype)
-    y = lax.conv_general_dilated(
-        x,
-        w,
-        window_strides=strides,
-        padding=padding,
-        rhs_dilation=dilations,
-        feature_group_count=group,
-    )
+    y = _grouped_conv(x, w, strides, padding, [1] * len(kernel), dilations, group)
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * (y.ndim - 2))
     return y
@@ -434,15 +533,7 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         before = span - 1 - lo
         # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
         padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
-    y = lax.conv_general_dilated(
-        x,
-        kernel_w,
-        window_strides=[1] * n,
-        padding=padding,
-        lhs_dilation=strides,
-        rhs_dilation=dilations,
-        feature_group_count=group,
-    )
+    y = _grouped_conv(x, kernel_w, [1] * n, padding, strides, dilations, group)
     if b is not None:
         y = y + b.reshape((-1,) + (1,) * n)
     return y
