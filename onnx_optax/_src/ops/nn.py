@@ -368,7 +368,7 @@ def _shifted_conv(
         window = lax.slice(x, (0, 0, 0, *starts), (n, group, per_group, *ends), (1, 1, 1, *strides))
         for c in range(per_group):
             term = window[:, :, c : c + 1] * w[(slice(None), slice(None), c, *tap)].reshape(
-                (group, m // group, *ones)
+                (1, group, m // group, *ones)
             )
             y = term if y is None else y + term
     assert y is not None  # a kernel has at least one tap
@@ -433,7 +433,7 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     check_size(node, out, x.dtype)
     y = _grouped_conv(x, w, strides, padding, [1] * len(kernel), dilations, group)
     if b is not None:
-        y = y + b.reshape((-1,) + (1,) * (y.ndim - 2))
+        y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
 
 
@@ -535,7 +535,7 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
     y = _grouped_conv(x, kernel_w, [1] * n, padding, strides, dilations, group)
     if b is not None:
-        y = y + b.reshape((-1,) + (1,) * n)
+        y = y + b.reshape((1, -1) + (1,) * n)
     return y
 
 
