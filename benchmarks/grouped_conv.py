@@ -3,7 +3,9 @@
 For each geometry it times, jitted, XLA's ``lax.conv_general_dilated`` with
 ``feature_group_count`` (``native``) and the sum over the kernel's taps of
 strided slices times weights that ``Conv`` lowers small groups to on CPU
-(``shifted``, ``onnx_optax._src.ops.nn._shifted_conv``): the forward alone, and
+(``shifted``, ``onnx_optax._src.ops.nn._shifted_conv``; with more than
+``SHIFTED_CHANNELS`` channels a group, one batched matrix product a tap, which
+``Conv`` uses for 1x1 kernels): the forward alone, and
 forward + backward (``jax.grad`` of ``sum(conv(X, W) * R)`` for a fixed random R,
 with respect to X and W). Both give the same values (checked first). Times are
 medians over rounds after a warm-up, the implementations in a freshly shuffled
@@ -12,7 +14,7 @@ time over shifted's (above 1: shifted is faster). "op" says which one ``Conv``
 picks on CPU (``SHIFTED_CHANNELS``, ``SHIFTED_TERMS`` in ``nn.py``)::
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py            # ~4 minutes on 2 cores
-    PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py --quick    # a few cases
+    PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py --quick    # 5 cases
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ CASES = [
     Case(4, 128, 14, 3, 1, per_group=16),
     Case(32, 128, 14, 3, 1, per_group=8),
     Case(4, 128, 28, 5, 1, per_group=4),
+    Case(1, 240, 28, 1, 1, per_group=60),  # ShuffleNet's 1x1 convs of 4 groups
+    Case(8, 272, 28, 1, 1, per_group=68),
+    Case(1, 1088, 7, 1, 1, per_group=272),
 ]
-QUICK = [CASES[0], CASES[1], CASES[6], CASES[14]]
+QUICK = [CASES[0], CASES[1], CASES[6], CASES[14], CASES[19]]
 
 
 def _functions(case: Case) -> dict[str, Callable[..., Any]]:
@@ -93,8 +98,8 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
 
 def _op_choice(case: Case) -> str:
     terms = case.per_group * case.kernel**2
-    shifted = case.per_group <= nn.SHIFTED_CHANNELS and terms <= nn.SHIFTED_TERMS
-    return "shifted" if shifted else "native"
+    small = case.per_group <= nn.SHIFTED_CHANNELS and terms <= nn.SHIFTED_TERMS
+    return "shifted" if small or case.kernel == 1 else "native"
 
 
 def _time(case: Case, rounds: int, budget: float) -> dict[str, float]:
@@ -128,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--budget", type=float, default=6.0, help="seconds a case times at most")
-    parser.add_argument("--quick", action="store_true", help="4 cases, 5 rounds")
+    parser.add_argument("--quick", action="store_true", help="5 cases, 5 rounds")
     args = parser.parse_args()
     cases, rounds = (QUICK, 5) if args.quick else (CASES, args.rounds)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, float32, ms (median)\n")

@@ -10,8 +10,8 @@ model is fed the tests' deterministic batch, its batch axis resized to ``--batch
 Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 ``InferenceSession`` with ``intra_op_num_threads=2`` (``ort``) on the same
 inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
-XLA's native lowering (``nn.SHIFTED_CHANNELS = 0`` while it is traced: the
-lowering before issue 21). Times are medians over rounds after a warm-up, the
+XLA's native lowering (``nn._native_conv`` while it is traced: the lowering
+before issue 21). Times are medians over rounds after a warm-up, the
 implementations in a freshly shuffled order each round; ``x ort`` is a time
 over onnxruntime's (below 1: faster than onnxruntime). ``first`` is
 prepare (session creation) plus the first run: for onnx_optax, the compile.
@@ -54,12 +54,12 @@ ZOO = ("light_shufflenet", "light_resnet50")
 @contextlib.contextmanager
 def native_convs() -> Iterator[None]:
     """Every grouped conv traced meanwhile is XLA's native one (the lowering before issue 21)."""
-    saved = nn.SHIFTED_CHANNELS
-    nn.SHIFTED_CHANNELS = 0
+    saved = nn._grouped_conv
+    nn._grouped_conv = nn._native_conv
     try:
         yield
     finally:
-        nn.SHIFTED_CHANNELS = saved
+        nn._grouped_conv = saved
 
 
 def _resized(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:

@@ -1,8 +1,8 @@
 """Grouped and depthwise Conv/ConvTranspose: the CPU lowering as shifted multiply-adds (issue 21).
 
 On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
-taps of strided slices times weights (``nn._shifted_conv``), not XLA's grouped
-conv. Expected values here never come from that path: they are XLA's native
+taps of strided slices times weights (``nn._shifted_conv``), and a 1x1 grouped
+conv as a matrix product batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
 ``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
 test with its pads computed from the ONNX spec, and onnxruntime running the
 same one-node model. Gradients are JAX's of both lowerings.
@@ -56,6 +56,16 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] =
     "2 channels a group": ((2, 8, 7, 7), (8, 2, 3, 3), dict(pads=[1, 1, 1, 1])),
     "4 channels a group, 2 outputs each": ((1, 8, 6, 7), (4, 4, 2, 3), dict(strides=[1, 2])),
     "8 channels a group": ((1, 16, 5, 5), (16, 8, 2, 2), dict(pads=[1, 0, 0, 1])),
+    "1x1, 12 channels a group, stride 2": (
+        (2, 24, 7, 6),
+        (10, 12, 1, 1),
+        dict(strides=[2, 2], pads=[1, 0, 0, 1]),
+    ),
+    "1x1, 16 channels a group, SAME_LOWER": (
+        (1, 64, 5, 5),
+        (8, 16, 1, 1),
+        dict(auto_pad="SAME_LOWER", strides=[2, 1]),
+    ),
     "1-D depthwise": ((3, 5, 17), (5, 1, 5), dict(pads=[2, 1], strides=[2])),
     "1-D 2 a group dilated": ((2, 6, 16), (9, 2, 3), dict(dilations=[3], pads=[0, 4])),
     "3-D depthwise": ((1, 3, 5, 6, 4), (3, 1, 3, 3, 2), dict(pads=[1, 1, 0, 1, 0, 1])),
@@ -146,10 +156,12 @@ def test_small_groups_lower_without_a_convolution_on_cpu_and_large_ones_with_one
     hlo = jax.jit(lambda x, w, b: nn._conv(node, x, w, b)).lower(x, w, b).as_text()
     assert "convolution" not in hlo
     big = nn.SHIFTED_CHANNELS + 1
-    xs, ws = (1, 2 * big, 5, 5), (4, big, 3, 3)
-    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
-    hlo = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {}), x, w)).lower(x, w).as_text()
-    assert "convolution" in hlo
+    for kernel, native in ((3, True), (1, False)):  # a 1x1 kernel: a batched matrix product
+        xs, ws = (1, 2 * big, 5, 5), (4, big, kernel, kernel)
+        x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+        node = _node(xs, ws, {})
+        hlo = jax.jit(lambda x, w, node=node: nn._conv(node, x, w)).lower(x, w).as_text()
+        assert ("convolution" in hlo) == native
 
 
 def test_half_precision_sums_in_float32() -> None:
@@ -182,6 +194,7 @@ def _one_node(op: str, x: np.ndarray, w: np.ndarray, b: np.ndarray, **attrs: Any
         "SAME_UPPER stride 2",
         "SAME_LOWER stride 2",
         "4 channels a group, 2 outputs each",
+        "1x1, 12 channels a group, stride 2",
         "1-D 2 a group dilated",
     ],
 )
