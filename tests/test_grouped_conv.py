@@ -110,7 +110,8 @@ def _native(x: Any, w: Any, b: Any, xs: tuple[int, ...], attrs: dict[str, Any]) 
 
 def _node(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, Any]) -> Node:
     full = dict(auto_pad="NOTSET", dilations=None, kernel_shape=None, pads=None, strides=None)
-    return Node({**full, **attrs, "group": xs[1] // ws[1]}, 21, "node 'n' (ai.onnx.Conv)", 1)
+    group = attrs["group"] if "group" in attrs else xs[1] // ws[1]
+    return Node({**full, **attrs, "group": group}, 21, "node 'n' (ai.onnx.Conv)", 1)
 
 
 def _inputs(case: str, dtype: Any) -> tuple[Any, ...]:
@@ -162,6 +163,14 @@ def test_small_groups_lower_without_a_convolution_on_cpu_and_large_ones_with_one
         node = _node(xs, ws, {})
         hlo = jax.jit(lambda x, w, node=node: nn._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_groups_of_no_channel_give_zeros(kernel: int) -> None:
+    xs, ws = (1, 0, 5, 5), (4, 0, kernel, kernel)
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+    got = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 2}), x, w))(x, w)
+    np.testing.assert_array_equal(got, np.zeros((1, 4, 6 - kernel, 6 - kernel), np.float32))
 
 
 def test_half_precision_sums_in_float32() -> None:

@@ -398,8 +398,9 @@ def _grouped_conv(
     kernels (see SHIFTED_CHANNELS), else native."""
     per_group, taps = w.shape[1], math.prod(w.shape[2:])
     args = (strides, padding, lhs_dilation, dilations, group)
-    small = per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
-    if group == 1 or not (small or taps == 1) or not jnp.issubdtype(x.dtype, jnp.floating):
+    small = 0 < per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
+    products = per_group > 0 and taps == 1
+    if group == 1 or not (small or products) or not jnp.issubdtype(x.dtype, jnp.floating):
         return _native_conv(x, w, *args)
     return lax.platform_dependent(
         x,
