@@ -3,15 +3,15 @@
 For each geometry it times, jitted, XLA's ``lax.conv_general_dilated`` with
 ``feature_group_count`` (``native``) and the sum over the kernel's taps of
 strided slices times weights that ``Conv`` lowers small groups to on CPU
-(``shifted``, ``onnx_optax._src.ops.nn._shifted_conv``; with more than
-``SHIFTED_CHANNELS`` channels a group, one batched matrix product a tap, which
-``Conv`` uses for 1x1 kernels): the forward alone, and
+(``shifted``, ``onnx_optax._src.ops.nn._shifted_conv``: with more than
+``SHIFTED_CHANNELS`` channels a group, one matrix product a tap batched over the
+groups): the forward alone, and
 forward + backward (``jax.grad`` of ``sum(conv(X, W) * R)`` for a fixed random R,
 with respect to X and W). Both give the same values (checked first). Times are
 medians over rounds after a warm-up, the implementations in a freshly shuffled
 order each round, ``block_until_ready`` inside the timed region; "x" is native's
-time over shifted's (above 1: shifted is faster). "op" says which one ``Conv``
-picks on CPU (``SHIFTED_CHANNELS``, ``SHIFTED_TERMS`` in ``nn.py``)::
+time over shifted's (above 1: shifted is faster). "op" says what ``Conv`` runs on
+CPU (``SHIFTED_CHANNELS``, ``SHIFTED_TERMS`` in ``nn.py``)::
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py            # ~4 minutes on 2 cores
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py --quick    # 5 cases
@@ -97,9 +97,11 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
 
 
 def _op_choice(case: Case) -> str:
-    terms = case.per_group * case.kernel**2
-    small = case.per_group <= nn.SHIFTED_CHANNELS and terms <= nn.SHIFTED_TERMS
-    return "shifted" if small or case.kernel == 1 else "native"
+    """What Conv runs on CPU: the shifted sum, the shifted products or the native conv."""
+    taps = case.kernel**2
+    if case.per_group <= nn.SHIFTED_CHANNELS:
+        return "sum" if case.per_group * taps <= nn.SHIFTED_TERMS else "native"
+    return "products" if taps <= nn.SHIFTED_TERMS else "native"
 
 
 def _time(case: Case, rounds: int, budget: float) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Grouped and depthwise Conv/ConvTranspose: the CPU lowering as shifted multiply-adds (issue 21).
 
 On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
-taps of strided slices times weights (``nn._shifted_conv``), and a 1x1 grouped
-conv as a matrix product batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
+taps of strided slices times weights (``nn._shifted_conv``), and a group of more
+channels as a matrix product a tap batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
 ``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
 test with its pads computed from the ONNX spec, and onnxruntime running the
 same one-node model. Gradients are JAX's of both lowerings.
@@ -56,6 +56,11 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] =
     "2 channels a group": ((2, 8, 7, 7), (8, 2, 3, 3), dict(pads=[1, 1, 1, 1])),
     "4 channels a group, 2 outputs each": ((1, 8, 6, 7), (4, 4, 2, 3), dict(strides=[1, 2])),
     "8 channels a group": ((1, 16, 5, 5), (16, 8, 2, 2), dict(pads=[1, 0, 0, 1])),
+    "6 channels a group, stride 2, dilation 2x1": (
+        (2, 12, 9, 8),
+        (6, 6, 3, 3),
+        dict(strides=[2, 2], dilations=[2, 1], pads=[2, 1, 1, 2]),
+    ),
     "1x1, 12 channels a group, stride 2": (
         (2, 24, 7, 6),
         (10, 12, 1, 1),
@@ -149,7 +154,7 @@ def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, 
         np.testing.assert_allclose(ours_g, want_g, **_tolerance(dtype))
 
 
-def test_small_groups_lower_without_a_convolution_on_cpu_and_large_ones_with_one() -> None:
+def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large() -> None:
     """The rewrite is what the CPU runs for small groups (else the tests above test XLA twice)."""
     xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
     x, w, b = _inputs("depthwise 3x3", "float32")
@@ -157,12 +162,16 @@ def test_small_groups_lower_without_a_convolution_on_cpu_and_large_ones_with_one
     hlo = jax.jit(lambda x, w, b: nn._conv(node, x, w, b)).lower(x, w, b).as_text()
     assert "convolution" not in hlo
     big = nn.SHIFTED_CHANNELS + 1
-    for kernel, native in ((3, True), (1, False)):  # a 1x1 kernel: a batched matrix product
-        xs, ws = (1, 2 * big, 5, 5), (4, big, kernel, kernel)
+    for ws, native in (((4, big, 3, 3), False), ((4, 2, 12, 12), True)):  # beyond SHIFTED_TERMS
+        xs = (1, 2 * ws[1], 12, 12)
         x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
         node = _node(xs, ws, {})
         hlo = jax.jit(lambda x, w, node=node: nn._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native
+    xs, ws = (1, 2, 5, 5), (4, 2, 3, 3)  # one group: XLA's own
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+    hlo = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 1}), x, w)).lower(x, w)
+    assert "convolution" in hlo.as_text()
 
 
 @pytest.mark.parametrize("kernel", [1, 3])
@@ -203,6 +212,7 @@ def _one_node(op: str, x: np.ndarray, w: np.ndarray, b: np.ndarray, **attrs: Any
         "SAME_UPPER stride 2",
         "SAME_LOWER stride 2",
         "4 channels a group, 2 outputs each",
+        "6 channels a group, stride 2, dilation 2x1",
         "1x1, 12 channels a group, stride 2",
         "1-D 2 a group dilated",
     ],

@@ -299,12 +299,14 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
 
 # Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
 # runs 5-50x slower than the same sum written as shifted multiply-adds, and its
-# gradient far slower still (benchmarks/grouped_conv.py). A group of at most
+# gradient 10-200x slower (benchmarks/grouped_conv.py). On CPU a group of at most
 # SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
-# channels, is therefore lowered on CPU as that sum; so is a 1x1 grouped conv of
-# more channels a group, as one matrix product batched over the groups (2-5x faster
-# forward, 10-20x its gradient: ShuffleNet's). Elsewhere (GPU) the native conv.
-SHIFTED_CHANNELS = 8
+# channels, is therefore lowered as that sum; a group of more channels as one matrix
+# product a tap batched over the groups (as fast as the native forward, 1x1 kernels
+# 2-3x faster, and a gradient 10-60x faster), if its window has at most SHIFTED_TERMS
+# taps. At 8 channels a group the products' forward is up to 3x slower than the
+# sum's, their gradient 2x faster, their compile shorter. Elsewhere (GPU) the native conv.
+SHIFTED_CHANNELS = 4
 SHIFTED_TERMS = 128
 
 
@@ -366,18 +368,21 @@ def _shifted_conv(
     w = w.reshape((group, m // group, per_group, *kernel))
     ones = (1,) * len(kernel)
     products = per_group > SHIFTED_CHANNELS
+    # each input channel of a group apart (split: its gradient is one concatenation)
+    channels = [x] if products else lax.split(x, [1] * per_group, axis=2)
     y = None
     for tap in itertools.product(*(range(k) for k in kernel)):
         starts = [t * d for t, d in zip(tap, dilations, strict=True)]
         ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
-        window = lax.slice(x, (0, 0, 0, *starts), (n, group, per_group, *ends), (1, 1, 1, *strides))
         taps = w[(slice(None), slice(None), slice(None), *tap)]  # (group, M/group, C/group)
-        if products:  # (group, M/group, N, ...), over the groups as the batch
-            term = lax.dot_general(taps, window, (((2,), (2,)), ((0,), (1,))))
-            y = term if y is None else y + term
-            continue
-        for c in range(per_group):
-            term = window[:, :, c : c + 1] * taps[:, :, c].reshape((1, group, m // group, *ones))
+        for c, xc in enumerate(channels):
+            window = lax.slice(
+                xc, (0, 0, 0, *starts), (n, group, xc.shape[2], *ends), (1, 1, 1, *strides)
+            )
+            if products:  # (group, M/group, N, ...), over the groups as the batch
+                term = lax.dot_general(taps, window, (((2,), (2,)), ((0,), (1,))))
+            else:
+                term = window * taps[:, :, c].reshape((1, group, m // group, *ones))
             y = term if y is None else y + term
     assert y is not None  # a kernel has at least one tap
     if products:
@@ -394,12 +399,12 @@ def _grouped_conv(
     dilations: Sequence[int],
     group: int,
 ) -> Any:
-    """A (possibly grouped) conv: on CPU shifted multiply-adds for small groups and 1x1
-    kernels (see SHIFTED_CHANNELS), else native."""
+    """A (possibly grouped) conv: on CPU shifted multiply-adds or products for groups
+    (see SHIFTED_CHANNELS), else native."""
     per_group, taps = w.shape[1], math.prod(w.shape[2:])
     args = (strides, padding, lhs_dilation, dilations, group)
     small = 0 < per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
-    products = per_group > 0 and taps == 1
+    products = per_group > SHIFTED_CHANNELS and taps <= SHIFTED_TERMS
     if group == 1 or not (small or products) or not jnp.issubdtype(x.dtype, jnp.floating):
         return _native_conv(x, w, *args)
     return lax.platform_dependent(
