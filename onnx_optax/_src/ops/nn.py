@@ -298,15 +298,15 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
 
 
 # Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
-# runs 5-50x slower than the same sum written as shifted multiply-adds, and its
-# gradient 10-200x slower (benchmarks/grouped_conv.py). On CPU a group of at most
+# runs 5-90x slower than the same sum written as shifted multiply-adds, and its
+# gradient 5-250x slower (benchmarks/grouped_conv.py). On CPU a group of at most
 # SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
 # channels, is therefore lowered as that sum; a group of more channels as one matrix
-# product a tap batched over the groups (as fast as the native forward, 1x1 kernels
-# 2-3x faster, and a gradient 10-60x faster), if its window has at most SHIFTED_TERMS
-# taps. At 8 channels a group the products' forward is up to 3x slower than the
-# sum's, their gradient 2x faster, their compile shorter. Elsewhere (GPU) the native conv.
-SHIFTED_CHANNELS = 4
+# product a tap batched over the groups, if its window has at most SHIFTED_TERMS taps:
+# 2-3x faster than native for 1x1 kernels, 0.6-0.9x native's forward for 3x3, but a
+# gradient 10-80x faster. (At 8 channels a group the products' forward is 2-3x slower
+# than the sum's.) Elsewhere (GPU) the native conv.
+SHIFTED_CHANNELS = 8
 SHIFTED_TERMS = 128
 
 
