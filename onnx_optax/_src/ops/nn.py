@@ -298,13 +298,13 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
 
 
 # Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
-# runs 5-90x slower than the same sum written as shifted multiply-adds, and its
-# gradient 5-250x slower (benchmarks/grouped_conv.py). On CPU a group of at most
+# runs 3-33x slower than the same sum written as shifted multiply-adds, and its
+# gradient 2-110x slower (benchmarks/grouped_conv.py). On CPU a group of at most
 # SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
 # channels, is therefore lowered as that sum; a group of more channels as one matrix
 # product a tap batched over the groups, if its window has at most SHIFTED_TERMS taps:
-# 2-3x faster than native for 1x1 kernels, 0.6-0.9x native's forward for 3x3, but a
-# gradient 10-80x faster. (At 8 channels a group the products' forward is 2-3x slower
+# 2-3x faster than native for 1x1 kernels, 0.8x native's forward for 3x3, but a
+# gradient 50x faster. (At 8 channels a group the products' forward was 2-3x slower
 # than the sum's.) Elsewhere (GPU) the native conv.
 SHIFTED_CHANNELS = 8
 SHIFTED_TERMS = 128
