@@ -174,6 +174,19 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
     assert "convolution" in hlo.as_text()
 
 
+def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
+    """Lowered for CUDA (no GPU needed), only XLA's conv is left, in the gradient too."""
+    xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
+    x, w, b = _inputs("depthwise 3x3", "float32")
+    node = _node(xs, ws, attrs)
+    loss = lambda x, w: jnp.sum(nn._conv(node, x, w, b))  # noqa: E731
+    for fn in (lambda x, w: nn._conv(node, x, w, b), jax.grad(loss, (0, 1))):
+        text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        assert "convolution" in text and "stablehlo.slice" not in text
+        text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
+        assert "convolution" not in text and "stablehlo.slice" in text
+
+
 @pytest.mark.parametrize("kernel", [1, 3])
 def test_groups_of_no_channel_give_zeros(kernel: int) -> None:
     xs, ws = (1, 0, 5, 5), (4, 0, kernel, kernel)
