@@ -107,6 +107,8 @@ class OnnxOptaxRep(BackendRep):
             max_bytes=limits.tensor_bytes,
             max_traced_nodes=limits.traced_nodes,
         )
+        # one class for every run (making a namedtuple class took a tenth of a small run)
+        self._outputs = namedtupledict("Outputs", list(self.graph.output_names))
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -116,7 +118,7 @@ class OnnxOptaxRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         del kwargs
         outputs = self.graph(inputs, self.device)
-        result: tuple[Any, ...] = namedtupledict("Outputs", list(self.graph.output_names))(*outputs)
+        result: tuple[Any, ...] = self._outputs(*outputs)
         return result
 
 

@@ -847,7 +847,8 @@ class GraphFunction:
             other_reads.update(step.inputs[:first])
         self._packable = tuple(n for n in optimizer_reads if n not in other_reads)
         self._packed_params: tuple[Layout, list[np.ndarray], dict[str, np.ndarray]] | None = None
-        self._device_params: tuple[list[jax.Array], dict[str, jax.Array]] | None = None
+        # The packed initializers on each device a call has named (None: the default one).
+        self._device_params: dict[Any, tuple[list[jax.Array], dict[str, jax.Array]]] = {}
         self._params_shapes: tuple[Layout, list[Any], dict[str, Any]] | None = None
         # Graph inputs read as shapes or axes are compile-time values: one compilation each.
         read_as_shapes = {
@@ -1201,16 +1202,19 @@ class GraphFunction:
             for n, v in named.items()
         }
         layout, buffers, own = pack(feeds, self._packable)
-        if self._device_params is None:  # on the device once, for every run
+        if device not in self._device_params:  # on the device once, for every run
             _, host_buffers, host_own = self._host_params()
-            self._device_params = (
+            params = (
                 [jnp.asarray(b) for b in host_buffers],
                 {n: jnp.asarray(v) for n, v in host_own.items()},
             )
-        p_buffers, p_own = self._device_params
+            if device is not None:
+                params = jax.device_put(params, device)
+            self._device_params[device] = params
+        p_buffers, p_own = self._device_params[device]
+        if device is not None:  # the feeds only: a put of every initializer took most of a run
+            buffers, own = jax.device_put((buffers, own), device)
         arguments = (buffers, own, p_buffers, p_own)
-        if device is not None:
-            arguments = jax.device_put(arguments, device)
         compiled, out_layout = self._compiled(fixed, layout)
         try:
             with paused_gc():  # the first call of a signature traces and lowers

@@ -11,6 +11,7 @@ the section it belongs to.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -296,6 +297,124 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
     return jnp.zeros(tuple(shape), dtype)
 
 
+# Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
+# runs 3-33x slower than the same sum written as shifted multiply-adds, and its
+# gradient 2-110x slower (benchmarks/grouped_conv.py). On CPU a group of at most
+# SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
+# channels, is therefore lowered as that sum; a group of more channels as one matrix
+# product a tap batched over the groups, if its window has at most SHIFTED_TERMS taps:
+# 2-3x faster than native for 1x1 kernels, 0.8x native's forward for 3x3, but a
+# gradient 50x faster. (At 8 channels a group the products' forward was 2-3x slower
+# than the sum's.) Elsewhere (GPU) the native conv.
+SHIFTED_CHANNELS = 8
+SHIFTED_TERMS = 128
+
+
+def _native_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+    )
+
+
+def _shifted_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """``_native_conv`` as a sum over the window's taps of strided slices times weights.
+
+    X (N, C, ...) is dilated by ``lhs_dilation`` and padded (a negative pad
+    crops), then viewed as (N, group, C/group, ...); for each tap and each input
+    channel of a group, the slice of X the tap reads at every output position is
+    multiplied by that tap's weights of the group's M/group output channels.
+    XLA fuses the sum into one loop; the gradient is JAX's transpose of it. With
+    more than SHIFTED_CHANNELS channels a group, each tap's slice is instead
+    contracted with the tap's weights in one matrix product batched over the groups.
+    Inputs narrower than float32 are summed in float32, as XLA's native conv does.
+    """
+    dtype = x.dtype
+    if jnp.finfo(dtype).bits < 32:
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    n = x.shape[0]
+    m, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    config = [(0, 0, 0), (0, 0, 0)]
+    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
+    x = lax.pad(x, np.zeros((), x.dtype), config)
+    spatial = x.shape[2:]
+    out = [
+        (size - span) // s + 1
+        for size, span, s in zip(spatial, _spans(kernel, dilations), strides, strict=True)
+    ]
+    x = x.reshape((n, group, per_group, *spatial))
+    w = w.reshape((group, m // group, per_group, *kernel))
+    ones = (1,) * len(kernel)
+    products = per_group > SHIFTED_CHANNELS
+    # each input channel of a group apart (split: its gradient is one concatenation)
+    channels = [x] if products else lax.split(x, [1] * per_group, axis=2)
+    y = None
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
+        taps = w[(slice(None), slice(None), slice(None), *tap)]  # (group, M/group, C/group)
+        for c, xc in enumerate(channels):
+            window = lax.slice(
+                xc, (0, 0, 0, *starts), (n, group, xc.shape[2], *ends), (1, 1, 1, *strides)
+            )
+            if products:  # (group, M/group, N, ...), over the groups as the batch
+                term = lax.dot_general(taps, window, (((2,), (2,)), ((0,), (1,))))
+            else:
+                term = window * taps[:, :, c].reshape((1, group, m // group, *ones))
+            y = term if y is None else y + term
+    assert y is not None  # a kernel has at least one tap
+    if products:
+        y = jnp.moveaxis(y, 2, 0)
+    return y.reshape((n, m, *out)).astype(dtype)
+
+
+def _grouped_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """A (possibly grouped) conv: on CPU shifted multiply-adds or products for groups
+    (see SHIFTED_CHANNELS), else native."""
+    per_group, taps = w.shape[1], math.prod(w.shape[2:])
+    args = (strides, padding, lhs_dilation, dilations, group)
+    small = 0 < per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
+    products = per_group > SHIFTED_CHANNELS and taps <= SHIFTED_TERMS
+    if group == 1 or not (small or products) or not jnp.issubdtype(x.dtype, jnp.floating):
+        return _native_conv(x, w, *args)
+    return lax.platform_dependent(
+        x,
+        w,
+        cpu=lambda x, w: _shifted_conv(x, w, *args),
+        default=lambda x, w: _native_conv(x, w, *args),
+    )
+
+
 @register("Conv")
 def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     _same_dtype(node, x, w, b)
@@ -325,16 +444,9 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
             )
         out.append((size + lo + hi - span) // s + 1)
     check_size(node, out, x.dtype)
-    y = lax.conv_general_dilated(
-        x,
-        w,
-        window_strides=strides,
-        padding=padding,
-        rhs_dilation=dilations,
-        feature_group_count=group,
-    )
+    y = _grouped_conv(x, w, strides, padding, [1] * len(kernel), dilations, group)
     if b is not None:
-        y = y + b.reshape((-1,) + (1,) * (y.ndim - 2))
+        y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
 
 
@@ -434,17 +546,9 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         before = span - 1 - lo
         # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
         padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
-    y = lax.conv_general_dilated(
-        x,
-        kernel_w,
-        window_strides=[1] * n,
-        padding=padding,
-        lhs_dilation=strides,
-        rhs_dilation=dilations,
-        feature_group_count=group,
-    )
+    y = _grouped_conv(x, kernel_w, [1] * n, padding, strides, dilations, group)
     if b is not None:
-        y = y + b.reshape((-1,) + (1,) * n)
+        y = y + b.reshape((1, -1) + (1,) * n)
     return y
 
 

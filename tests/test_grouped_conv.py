@@ -1,0 +1,265 @@
+"""Grouped and depthwise Conv/ConvTranspose: the CPU lowering as shifted multiply-adds (issue 21).
+
+On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
+taps of strided slices times weights (``nn._shifted_conv``), and a group of more
+channels as a matrix product a tap batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
+``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
+test with its pads computed from the ONNX spec, and onnxruntime running the
+same one-node model. Gradients are JAX's of both lowerings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from onnx_optax import backend
+from onnx_optax._src.ops import nn
+from onnx_optax._src.ops.registry import Node
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+# name -> (X's shape, W's shape, attributes): group is X's channels over W.shape[1]
+GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+    "depthwise 3x3": ((2, 6, 7, 8), (6, 1, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "depthwise asymmetric pads": ((1, 4, 6, 9), (4, 1, 3, 3), dict(pads=[0, 2, 1, 0])),
+    "depthwise stride 2": ((2, 5, 9, 8), (5, 1, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    "depthwise dilation 2": (
+        (1, 3, 9, 10),
+        (3, 1, 3, 3),
+        dict(dilations=[2, 2], pads=[2, 1, 2, 1]),
+    ),
+    "depthwise 5x3 stride 2x1 dilation 1x2": (
+        (2, 4, 11, 9),
+        (4, 1, 5, 3),
+        dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3]),
+    ),
+    "depthwise multiplier 3": ((2, 4, 6, 6), (12, 1, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "SAME_UPPER stride 2": (
+        (1, 6, 7, 8),
+        (6, 1, 3, 3),
+        dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+    ),
+    "SAME_LOWER stride 2": (
+        (1, 6, 7, 8),
+        (6, 1, 4, 2),
+        dict(auto_pad="SAME_LOWER", strides=[2, 2]),
+    ),
+    "VALID": ((2, 6, 7, 8), (6, 1, 3, 3), dict(auto_pad="VALID")),
+    "2 channels a group": ((2, 8, 7, 7), (8, 2, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "4 channels a group, 2 outputs each": ((1, 8, 6, 7), (4, 4, 2, 3), dict(strides=[1, 2])),
+    "8 channels a group": ((1, 16, 5, 5), (16, 8, 2, 2), dict(pads=[1, 0, 0, 1])),
+    "6 channels a group, stride 2, dilation 2x1": (
+        (2, 12, 9, 8),
+        (6, 6, 3, 3),
+        dict(strides=[2, 2], dilations=[2, 1], pads=[2, 1, 1, 2]),
+    ),
+    "1x1, 12 channels a group, stride 2": (
+        (2, 24, 7, 6),
+        (10, 12, 1, 1),
+        dict(strides=[2, 2], pads=[1, 0, 0, 1]),
+    ),
+    "1x1, 16 channels a group, SAME_LOWER": (
+        (1, 64, 5, 5),
+        (8, 16, 1, 1),
+        dict(auto_pad="SAME_LOWER", strides=[2, 1]),
+    ),
+    "1-D depthwise": ((3, 5, 17), (5, 1, 5), dict(pads=[2, 1], strides=[2])),
+    "1-D 2 a group dilated": ((2, 6, 16), (9, 2, 3), dict(dilations=[3], pads=[0, 4])),
+    "3-D depthwise": ((1, 3, 5, 6, 4), (3, 1, 3, 3, 2), dict(pads=[1, 1, 0, 1, 0, 1])),
+}
+
+
+def _same_pads(x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]) -> list[int]:
+    """The ONNX spec's SAME pads (begin..., end...), the extra one at the end for SAME_UPPER."""
+    n = len(x) - 2
+    strides = attrs.get("strides", [1] * n)
+    dilations = attrs.get("dilations", [1] * n)
+    begins, ends = [], []
+    for size, k, s, d in zip(x[2:], w[2:], strides, dilations, strict=True):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        first = small if attrs["auto_pad"] == "SAME_UPPER" else total - small
+        begins.append(first)
+        ends.append(total - first)
+    return begins + ends
+
+
+def _native(x: Any, w: Any, b: Any, xs: tuple[int, ...], attrs: dict[str, Any]) -> Any:
+    """The expected Conv: XLA's grouped conv, pads from the attributes as the spec says."""
+    n = len(xs) - 2
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad == "VALID":
+        pads = [0] * 2 * n
+    elif auto_pad.startswith("SAME"):
+        pads = _same_pads(xs, w.shape, attrs)
+    else:
+        pads = attrs.get("pads", [0] * 2 * n)
+    y = lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=attrs.get("strides", [1] * n),
+        padding=[(pads[i], pads[i + n]) for i in range(n)],
+        rhs_dilation=attrs.get("dilations", [1] * n),
+        feature_group_count=xs[1] // w.shape[1],
+    )
+    return y + b.reshape((1, -1) + (1,) * n)
+
+
+def _node(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, Any]) -> Node:
+    full = dict(auto_pad="NOTSET", dilations=None, kernel_shape=None, pads=None, strides=None)
+    group = attrs["group"] if "group" in attrs else xs[1] // ws[1]
+    return Node({**full, **attrs, "group": group}, 21, "node 'n' (ai.onnx.Conv)", 1)
+
+
+def _inputs(case: str, dtype: Any) -> tuple[Any, ...]:
+    xs, ws, _ = GEOMETRIES[case]
+    rng = np.random.default_rng(sorted(GEOMETRIES).index(case))
+    x = jnp.asarray(rng.standard_normal(xs), dtype)
+    w = jnp.asarray(rng.standard_normal(ws), dtype)
+    b = jnp.asarray(rng.standard_normal(ws[0]), dtype)
+    return x, w, b
+
+
+def _tolerance(dtype: str) -> dict[str, float]:
+    return dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", GEOMETRIES)
+def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, dtype: str) -> None:
+    xs, ws, attrs = GEOMETRIES[case]
+    node = _node(xs, ws, attrs)
+    x, w, b = _inputs(case, dtype)
+    ours = jax.jit(lambda x, w, b: nn._conv(node, x, w, b))
+    want = jax.jit(lambda *a: _native(*a, xs, attrs))(x, w, b)
+    assert want.dtype == x.dtype
+    got = ours(x, w, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, **_tolerance(dtype))
+    if dtype == "float32":  # the gradients' sums are the same in float64, checked tighter
+        return
+    # the gradient of sum(Y * R) wrt X, W and B, through jit
+    r = jnp.asarray(np.random.default_rng(1).standard_normal(want.shape), dtype)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(nn._conv(node, *a) * r), (0, 1, 2)))(x, w, b)
+    expected = jax.jit(jax.grad(lambda *a: jnp.sum(_native(*a, xs, attrs) * r), (0, 1, 2)))(x, w, b)
+    for ours_g, want_g in zip(grads, expected, strict=True):
+        assert ours_g.dtype == want_g.dtype
+        np.testing.assert_allclose(ours_g, want_g, **_tolerance(dtype))
+
+
+def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large() -> None:
+    """The rewrite is what the CPU runs for small groups (else the tests above test XLA twice)."""
+    xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
+    x, w, b = _inputs("depthwise 3x3", "float32")
+    node = _node(xs, ws, attrs)
+    hlo = jax.jit(lambda x, w, b: nn._conv(node, x, w, b)).lower(x, w, b).as_text()
+    assert "convolution" not in hlo
+    big = nn.SHIFTED_CHANNELS + 1
+    for ws, native in (((4, big, 3, 3), False), ((4, 2, 12, 12), True)):  # beyond SHIFTED_TERMS
+        xs = (1, 2 * ws[1], 12, 12)
+        x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+        node = _node(xs, ws, {})
+        hlo = jax.jit(lambda x, w, node=node: nn._conv(node, x, w)).lower(x, w).as_text()
+        assert ("convolution" in hlo) == native
+    xs, ws = (1, 2, 5, 5), (4, 2, 3, 3)  # one group: XLA's own
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+    hlo = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 1}), x, w)).lower(x, w)
+    assert "convolution" in hlo.as_text()
+
+
+def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
+    """Lowered for CUDA (no GPU needed), only XLA's conv is left, in the gradient too."""
+    xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
+    x, w, b = _inputs("depthwise 3x3", "float32")
+    node = _node(xs, ws, attrs)
+    loss = lambda x, w: jnp.sum(nn._conv(node, x, w, b))  # noqa: E731
+    for fn in (lambda x, w: nn._conv(node, x, w, b), jax.grad(loss, (0, 1))):
+        text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        assert "convolution" in text and "stablehlo.slice" not in text
+        text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
+        assert "convolution" not in text and "stablehlo.slice" in text
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_groups_of_no_channel_give_zeros(kernel: int) -> None:
+    xs, ws = (1, 0, 5, 5), (4, 0, kernel, kernel)
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+    got = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 2}), x, w))(x, w)
+    np.testing.assert_array_equal(got, np.zeros((1, 4, 6 - kernel, 6 - kernel), np.float32))
+
+
+def test_half_precision_sums_in_float32() -> None:
+    x, w, b = _inputs("depthwise 5x3 stride 2x1 dilation 1x2", "float32")
+    xs, ws, attrs = GEOMETRIES["depthwise 5x3 stride 2x1 dilation 1x2"]
+    x16, w16, b16 = (v.astype(jnp.bfloat16) for v in (x, w, b))
+    got = jax.jit(lambda *a: nn._conv(_node(xs, ws, attrs), *a))(x16, w16, b16)
+    assert got.dtype == jnp.bfloat16
+    want = _native(*(v.astype(jnp.float32) for v in (x16, w16, b16)), xs, attrs)
+    np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=2e-2)
+
+
+def _one_node(op: str, x: np.ndarray, w: np.ndarray, b: np.ndarray, **attrs: Any) -> Any:
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, list(v.shape))
+        for name, v in (("x", x), ("w", w), ("b", b))
+    ]
+    node = helper.make_node(op, ["x", "w", "b"], ["y"], name="n", **attrs)
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{i}" for i in range(x.ndim)])
+    graph = helper.make_graph([node], "g", inputs, [output])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "depthwise asymmetric pads",
+        "depthwise 5x3 stride 2x1 dilation 1x2",
+        "depthwise multiplier 3",
+        "SAME_UPPER stride 2",
+        "SAME_LOWER stride 2",
+        "4 channels a group, 2 outputs each",
+        "6 channels a group, stride 2, dilation 2x1",
+        "1x1, 12 channels a group, stride 2",
+        "1-D 2 a group dilated",
+    ],
+)
+def test_conv_model_equals_onnxruntime(case: str) -> None:
+    xs, ws, attrs = GEOMETRIES[case]
+    x, w, b = (np.asarray(v) for v in _inputs(case, "float32"))
+    model = _one_node("Conv", x, w, b, group=xs[1] // ws[1], **attrs)
+    feeds = {"x": x, "w": w, "b": b}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    (got,) = backend.prepare(model).run(feeds)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+# X's shape, W's shape (C, M / group, k...), group, attributes
+TRANSPOSED = [
+    ((1, 6, 5, 4), (6, 1, 3, 3), 6, dict(strides=[2, 2], pads=[1, 0, 0, 1])),
+    ((2, 4, 4, 5), (4, 2, 3, 2), 2, dict(strides=[2, 1], dilations=[1, 2], output_padding=[1, 0])),
+    ((1, 6, 7), (6, 1, 4), 3, dict(strides=[3], auto_pad="SAME_UPPER")),
+]
+
+
+@pytest.mark.parametrize("xs, ws, group, attrs", TRANSPOSED)
+def test_grouped_conv_transpose_model_equals_onnxruntime(
+    xs: tuple[int, ...], ws: tuple[int, ...], group: int, attrs: dict[str, Any]
+) -> None:
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(xs, np.float32), rng.standard_normal(ws, np.float32)
+    b = rng.standard_normal(ws[1] * group, np.float32)
+    model = _one_node("ConvTranspose", x, w, b, group=group, **attrs)
+    feeds = {"x": x, "w": w, "b": b}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    (got,) = backend.prepare(model).run(feeds)
+    assert np.asarray(got).shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
