@@ -319,9 +319,13 @@ def _native_conv(
     dilations: Sequence[int],
     group: int,
 ) -> Any:
+    # The barrier keeps XLA from seeing a weight that is a broadcast constant (an
+    # exporter's ConstantOfShape): XLA:CPU then lowered the conv followed by a reduction
+    # to code that read garbage (NaN, 0 or 1e34 instead of the mean; light_squeezenet's
+    # output was NaN). For a weight that is an argument it changes nothing.
     return lax.conv_general_dilated(
         x,
-        w,
+        lax.optimization_barrier(w),
         window_strides=strides,
         padding=padding,
         lhs_dilation=lhs_dilation,
