@@ -17,6 +17,8 @@ imports every family, so whoever reads the registry sees them all.
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
+- ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
+  RotaryEmbedding, Attention; Swish)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
@@ -27,6 +29,7 @@ new module here, imported below.
 """
 
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
+    attention,
     control_flow,
     elementwise,
     image,
