@@ -19,6 +19,7 @@ imports every family, so whoever reads the registry sees them all.
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
 - ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
   RotaryEmbedding, Attention; Swish)
+- ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
@@ -34,6 +35,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     elementwise,
     image,
     losses,
+    lp,
     ml,
     nn,
     recurrent,
