@@ -1,6 +1,8 @@
-"""LpNormalization and LpPool against onnxruntime on random inputs beyond ONNX's node cases
-(p of 1 and 3, negative values, a zero norm, dilated, strided, padded and ceil_mode windows),
-refusals naming the node, and gradients against float64 central differences.
+"""LpNormalization and LpPool, the Bitwise ops, BitShift and BitCast against onnxruntime on
+random inputs beyond ONNX's node cases (p of 1 and 3, negative values, a zero norm, dilated,
+strided, padded and ceil_mode windows; shifts past the width and negative ones, signed and
+unsigned, broadcast), refusals naming the node, and Lp gradients against float64 central
+differences.
 """
 
 from __future__ import annotations
@@ -37,12 +39,17 @@ def op_model(op: str, feeds: dict[str, np.ndarray], opset: int, **attrs: Any) ->
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def compare(op: str, feeds: dict[str, np.ndarray], opset: int = 22, **attrs: Any) -> np.ndarray:
+def compare(
+    op: str, feeds: dict[str, np.ndarray], opset: int = 22, out: Any = None, **attrs: Any
+) -> np.ndarray:
     """Asserts onnx_optax's output equals onnxruntime's; returns onnxruntime's."""
     model = op_model(op, feeds, opset, **attrs)
+    if out is not None:  # the output's dtype, where it is not the input's
+        model.graph.output[0].type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(out)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, feeds)[0]
-    got = np.asarray(backend.prepare(model).run(feeds)[0])
+    with jax.enable_x64(True):  # 64-bit integers and floats as they are
+        got = np.asarray(backend.prepare(model).run(feeds)[0])
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-6)
     return expected
@@ -75,6 +82,58 @@ def test_lp_pool_matches_onnxruntime(attrs: dict[str, Any]) -> None:
     compare("LpPool", {"x": x}, **attrs)
 
 
+# ----------------------------------------------------------------------------- bits
+
+
+@pytest.mark.parametrize(
+    ("dtype", "direction", "opset"),
+    [("uint8", "LEFT", 11), ("uint64", "RIGHT", 11), ("int8", "RIGHT", 28), ("int32", "LEFT", 28)],
+)
+def test_bit_shift_past_the_width_and_negative_matches_onnxruntime(
+    dtype: str, direction: str, opset: int
+) -> None:
+    info = np.iinfo(dtype)
+    x = RNG.integers(info.min, info.max, (5, 1), dtype=dtype, endpoint=True)
+    low = -2 if info.min else 0
+    shift = np.arange(low, info.bits + 3).astype(dtype)[None, :]  # broadcast (5, 1) x (1, n)
+    expected = compare("BitShift", {"x": x, "s": shift}, opset, direction=direction)
+    inside = (shift >= 0) & (shift < info.bits)
+    by_hand = (x << shift) if direction == "LEFT" else (x >> shift)
+    np.testing.assert_array_equal(expected[:, inside[0]], by_hand[:, inside[0]])
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype"), [("BitwiseAnd", "int16"), ("BitwiseOr", "uint32"), ("BitwiseXor", "int64")]
+)
+def test_bitwise_ops_broadcast_as_onnxruntime(op: str, dtype: str) -> None:
+    info = np.iinfo(dtype)
+    a = RNG.integers(info.min, info.max, (3, 4), dtype=dtype, endpoint=True)
+    b = RNG.integers(info.min, info.max, (4,), dtype=dtype, endpoint=True)
+    expected = compare(op, {"a": a, "b": b}, 18)
+    fn = {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor}
+    np.testing.assert_array_equal(expected, fn[op](a, b))
+    not_a = compare("BitwiseNot", {"a": a}, 18)
+    np.testing.assert_array_equal(not_a, ~a)
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [("float32", "int32"), ("int16", "float16"), ("bool", "uint8"), ("uint64", "float64")],
+)
+def test_bit_cast_keeps_the_bytes_as_onnxruntime(source: str, target: str) -> None:
+    """The same bytes, read as the target; onnxruntime has no BitCast of bool."""
+    x = (RNG.standard_normal(6) * 1000).astype(source)
+    tp = helper.np_dtype_to_tensor_dtype(np.dtype(target))
+    if source == "bool":
+        model = op_model("BitCast", {"x": x}, 26, to=tp)
+        model.graph.output[0].type.tensor_type.elem_type = tp
+        got = np.asarray(backend.prepare(model).run({"x": x})[0])
+    else:
+        got = compare("BitCast", {"x": x}, 26, out=np.dtype(target), to=tp)
+    assert got.dtype == np.dtype(target)
+    np.testing.assert_array_equal(got.view(np.uint8), x.view(np.uint8))
+
+
 @pytest.mark.parametrize(
     ("op", "attrs", "message"),
     [
@@ -82,12 +141,22 @@ def test_lp_pool_matches_onnxruntime(attrs: dict[str, Any]) -> None:
         ("LpNormalization", {"axis": 2}, "axis 2 is out of range"),
         ("LpPool", {"kernel_shape": [2, 2], "p": 0}, "p 0 must be positive"),
         ("LpPool", {"kernel_shape": [2, 2], "pads": [2, 0, 0, 0]}, "smaller than kernel_shape"),
+        ("BitCast", {"to": onnx.TensorProto.INT16}, "changes the width"),
+        ("BitCast", {"to": onnx.TensorProto.BOOL}, "bit casts to or from bool"),
     ],
 )
 def test_refusals_name_the_node(op: str, attrs: dict[str, Any], message: str) -> None:
     x = np.ones((1, 1, 3, 3) if op == "LpPool" else (2, 3), np.float32)
+    opset = 26 if op == "BitCast" else 22
     with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.{op}\).*{message}"):
-        backend.prepare(op_model(op, {"x": x}, 22, **attrs)).run({"x": x})
+        backend.prepare(op_model(op, {"x": x}, opset, **attrs)).run({"x": x})
+
+
+def test_bit_cast_to_64_bits_without_64_bit_jax_is_refused() -> None:
+    x = np.arange(3, dtype=np.int64)
+    model = op_model("BitCast", {"x": x}, 26, to=onnx.TensorProto.DOUBLE)
+    with pytest.raises(ValueError, match=r"node 'n' \(ai\.onnx\.BitCast\).*needs 64-bit JAX"):
+        backend.prepare(model).run({"x": x})
 
 
 def _check_gradient(op: str, x: np.ndarray, **attrs: Any) -> None:

@@ -5,7 +5,8 @@
 module registers its ops with ``@register("OpType")``; importing this package
 imports every family, so whoever reads the registry sees them all.
 
-- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast
+- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast,
+  the Bitwise ops, BitShift, BitCast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
   normalizations, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
