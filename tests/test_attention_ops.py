@@ -151,14 +151,34 @@ def test_3d_grouped_attention_with_cache_causal_and_bool_mask_matches_onnxruntim
     np.testing.assert_allclose(reference[0], expected[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
-def test_4d_attention_with_float_mask_softcap_and_scale_matches_onnxruntime(mode: int) -> None:
-    feeds = {"q": normal(1, 2, 3, 4) * 3, "k": normal(1, 2, 5, 4) * 3, "v": normal(1, 2, 5, 3)}
-    feeds["mask"] = normal(2, 3, 5)
-    got, expected = run_both(
-        "Attention", feeds, 4, scale=0.4, softcap=2.5, qk_matmul_output_mode=mode
+def test_4d_attention_with_float_mask_softcap_and_scale_matches_onnxruntime() -> None:
+    """One node per qk_matmul_output_mode 0 (the raw product), 1 (softcapped), 2 (masked)."""
+    given = {"q": normal(1, 2, 3, 4) * 3, "k": normal(1, 2, 5, 4) * 3, "v": normal(1, 2, 5, 3)}
+    given["mask"] = normal(2, 3, 5)
+    kw = {"scale": 0.4, "softcap": 2.5}
+    nodes = [
+        helper.make_node("Attention", list(given), [f"y{m}", "", "", f"qk{m}"], **kw,
+                         qk_matmul_output_mode=m)
+        for m in (0, 1, 2)
+    ]  # fmt: skip
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape))
+        for name, value in given.items()
+    ]
+    outputs = [
+        helper.make_tensor_value_info(f"{name}{m}", TensorProto.FLOAT, [None] * 4)
+        for m in (0, 1, 2)
+        for name in ("y", "qk")
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 23)]
     )
-    assert_close(got, expected, tol=1e-5)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, given)
+    assert_close(list(backend.prepare(model).run(given)), expected, tol=1e-5)
+    raw, capped, masked = expected[1], expected[3], expected[5]
+    np.testing.assert_allclose(capped, 2.5 * np.tanh(raw / 2.5), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(masked, capped + given["mask"], rtol=1e-5, atol=1e-6)
 
 
 def test_attention_with_nonpad_kv_seqlen_matches_onnxruntime() -> None:
@@ -196,7 +216,9 @@ def test_attention_with_nonpad_kv_seqlen_matches_onnxruntime() -> None:
                        "": np.zeros(0), "pk": normal(1, 2, 1, 4)}, {},
          "past_key and past_value must be given together"),
         ("Attention", {"q": normal(1, 2, 2, 4), "k": normal(1, 2, 2, 4), "v": normal(1, 2, 2, 4),
-                       "m": np.ones((2, 3), bool)}, {}, "longer than the 2 keys"),
+                       "m": np.ones((2, 3), bool)}, {}, r"attn_mask of shape \[2, 3\] does not"),
+        ("Attention", {"q": normal(1, 2, 2, 4), "k": normal(1, 2, 2, 4), "v": normal(1, 2, 2, 4),
+                       "m": np.ones((2, 1, 1, 1, 2), bool)}, {}, r"mask of shape \[2, 1, 1, 1, 2\]"),
         ("RMSNormalization", {"x": normal(2, 3), "s": normal(2)}, {}, "does not broadcast"),
         ("SwiGLU", {"a": normal(2, 3), "b": normal(1, 3)}, {}, "must have one shape"),
         ("RotaryEmbedding", {"x": normal(1, 2, 8), "c": normal(4, 2), "s": normal(4, 2),
@@ -224,14 +246,16 @@ def _check_gradient(op: str, feeds: dict[str, np.ndarray], wrts: list[str], **at
     with jax.enable_x64(True):
         model = op_model(op, feeds, 1, 23, **attrs)
         graph = GraphFunction(model.graph, opsets={"": 23})
-        weights = np.random.default_rng(5).standard_normal(np.shape(graph.apply(feeds)[0]))
+        shape = jax.eval_shape(lambda: graph.apply(feeds)[0]).shape
+        weights = np.random.default_rng(5).standard_normal(shape)
 
         @jax.jit
-        def loss(values: dict[str, Any]) -> Any:
+        @jax.value_and_grad
+        def loss(values: dict[str, Any]) -> Any:  # one compile: values and gradients
             return (graph.apply({**feeds, **values})[0] * weights).sum()
 
         start = {name: feeds[name] for name in wrts}
-        grads = jax.grad(loss)(start)
+        grads = loss(start)[1]
         step = 1e-6
         for name in wrts:
             x = feeds[name]
@@ -243,7 +267,7 @@ def _check_gradient(op: str, feeds: dict[str, np.ndarray], wrts: list[str], **at
                 plus[index] += step
                 minus[index] -= step
                 expected = (
-                    float(loss({**start, name: plus})) - float(loss({**start, name: minus}))
+                    float(loss({**start, name: plus})[0]) - float(loss({**start, name: minus})[0])
                 ) / (2 * step)
                 assert abs(grad[index] - expected) <= 1e-8 + 1e-6 * abs(expected), (name, index)
 

@@ -194,6 +194,7 @@ def _attention_inputs(node: Node, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any
         len({q.shape[0], k.shape[0], v.shape[0]}) != 1
         or k.shape[1:3] != v.shape[1:3]
         or q.shape[3] != k.shape[3]
+        or not k.shape[1]
         or q.shape[1] % k.shape[1]
     ):
         raise ValueError(
@@ -218,11 +219,17 @@ def _cache(node: Node, name: str, past: Any, current: Any) -> Any:
 def _mask_bias(node: Node, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """The attention mask as an additive bias: booleans give 0 or -inf, floats are added;
     a last axis shorter than the keys is padded with -inf (False)."""
-    q_len, kv_len = shape[2], shape[3]
+    kv_len = shape[3]
     given = _shape(mask)
-    if not given or given[-1] > kv_len:
+    try:
+        fits = bool(given) and given[-1] <= kv_len
+        fits = fits and np.broadcast_shapes(shape, (*given[:-1], kv_len)) == shape
+    except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
-            f"{node.where}: attn_mask of shape {given} is longer than the {kv_len} keys"
+            f"{node.where}: attn_mask of shape {given} does not broadcast to (batch, heads, "
+            f"q_len, kv_len) {list(shape)} (its last axis may be shorter than the keys)"
         )
     mask = jnp.asarray(mask)
     if mask.dtype == bool:
@@ -232,14 +239,6 @@ def _mask_bias(node: Node, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any
     if given[-1] < kv_len:
         pad = [(0, 0)] * (len(given) - 1) + [(0, kv_len - given[-1])]
         bias = jnp.pad(bias, pad, constant_values=np.asarray(-np.inf, dtype))
-    try:
-        np.broadcast_shapes(tuple(shape), (*given[:-1], kv_len))
-    except ValueError:
-        raise ValueError(
-            f"{node.where}: attn_mask of shape {given} does not broadcast to (batch, heads, "
-            f"q_len, kv_len) {list(shape)}"
-        ) from None
-    del q_len
     return bias
 
 
