@@ -253,7 +253,7 @@ def test_unsupported_ops_are_listed_in_one_error() -> None:
     nodes = [
         helper.make_node("Relu", ["X"], ["A"]),
         helper.make_node("Det", ["A"], ["B"], name="det"),
-        helper.make_node("LpNormalization", ["B"], ["Y"]),
+        helper.make_node("StringNormalizer", ["B"], ["Y"]),
         helper.make_node("Foo", ["X"], ["Z"], domain="com.example"),
     ]
     model = _model(nodes, [_vi("X", shape=[2, 2])], [_vi("Y", shape=[2, 2])])
@@ -263,7 +263,7 @@ def test_unsupported_ops_are_listed_in_one_error() -> None:
     message = str(info.value)
     assert "node 'det' (ai.onnx.Det)" in message
     for listed in [
-        "ai.onnx.LpNormalization (opset 21)",
+        "ai.onnx.StringNormalizer (opset 21)",
         "ai.onnx.Det (opset 21)",
         "com.example.Foo (opset 3)",
     ]:

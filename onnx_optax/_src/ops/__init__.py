@@ -5,7 +5,8 @@
 module registers its ops with ``@register("OpType")``; importing this package
 imports every family, so whoever reads the registry sees them all.
 
-- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast
+- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast,
+  the Bitwise ops, BitShift, BitCast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
   normalizations, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
@@ -17,6 +18,9 @@ imports every family, so whoever reads the registry sees them all.
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
+- ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
+  RotaryEmbedding, Attention; Swish)
+- ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
@@ -27,10 +31,12 @@ new module here, imported below.
 """
 
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
+    attention,
     control_flow,
     elementwise,
     image,
     losses,
+    lp,
     ml,
     nn,
     recurrent,

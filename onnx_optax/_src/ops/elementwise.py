@@ -1,4 +1,4 @@
-"""Elementwise ops of ai.onnx: arithmetic, unary math, comparisons, logic, Where, Clip, Cast.
+"""Elementwise ops of ai.onnx: arithmetic, unary math, comparisons, logic, Where, Clip, Cast, bits.
 
 Binary and variadic ops broadcast numpy-style (opset < 7's ``broadcast``/``axis``
 attributes are read too), insist on one input dtype and compute with numpy when
@@ -20,6 +20,7 @@ from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, tensor_dtype
 from onnx_optax._src.ops.arrays import (
     _axis,
     _broadcast_check,
+    _canonical,
     _cast,
     _is_int,
     _same_dtype,
@@ -266,3 +267,64 @@ def _cast_op(node: Node, x: Any) -> Any:
 @register("CastLike")
 def _cast_like(node: Node, x: Any, like: Any) -> Any:
     return _convert(node, x, np.dtype(like.dtype))
+
+
+# ----------------------------------------------------------------------------- bits
+
+
+for _name, _fn_name in [
+    ("BitwiseAnd", "bitwise_and"),
+    ("BitwiseOr", "bitwise_or"),
+    ("BitwiseXor", "bitwise_xor"),
+]:
+    register(_name)(_binary(_fn_name))
+register("BitwiseNot")(_unary(jnp.invert, np.invert))
+
+
+@register("BitShift")
+def _bit_shift(node: Node, x: Any, shift: Any) -> Any:
+    """Shifts by ``shift`` bits (arithmetic right shifts of signed ints, opset 28); a shift
+    that is negative or at least the width gives what the sign extension alone gives: -1
+    for a right shift of a negative x, 0 otherwise (never XLA's or C's unspecified result)."""
+    direction = node["direction"]
+    if direction not in ("LEFT", "RIGHT"):
+        raise ValueError(f"{node.where}: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    _same_dtype(node, x, shift)
+    shape = _broadcast_check(node, x, shift)
+    x, shift = jnp.broadcast_to(x, shape), jnp.broadcast_to(shift, shape)
+    bits = np.iinfo(x.dtype).bits
+    outside = (shift < 0) | (shift >= bits)
+    amount = jnp.where(outside, jnp.zeros_like(shift), shift)
+    zero = jnp.zeros_like(x)
+    if direction == "LEFT":
+        return jnp.where(outside, zero, jnp.left_shift(x, amount))
+    fill = jnp.where(x < 0, jnp.full_like(x, -1), zero) if np.iinfo(x.dtype).min else zero
+    return jnp.where(outside, fill, jnp.right_shift(x, amount))
+
+
+_NO_BITCAST = ("bool", "complex64", "complex128", "str", *_SMALL_INTS, "float4_e2m1fn")
+
+
+@register("BitCast")
+def _bit_cast(node: Node, x: Any) -> Any:
+    """The same bits read as ``to`` (of the same width), little endian as XLA and numpy.
+
+    A bool is the byte 0 or 1; a cast to bool is refused (other bytes are no bool).
+    """
+    target = tensor_dtype(node["to"], node.where)
+    if x.dtype == bool:
+        x = _cast(x, np.uint8)
+    source = np.dtype(x.dtype)
+    for dtype in (source, target):
+        if dtype.name in _NO_BITCAST:
+            raise ValueError(f"{node.where}: bit casts to or from {dtype.name} are not supported")
+    if not is_static(x) and _canonical(target) != target:  # x is then narrowed too
+        raise ValueError(f"{node.where}: BitCast to {target} needs 64-bit JAX (jax_enable_x64)")
+    if source.itemsize != target.itemsize:
+        raise ValueError(
+            f"{node.where}: BitCast from {source} ({8 * source.itemsize} bits) to {target} "
+            f"({8 * target.itemsize} bits) changes the width"
+        )
+    if is_static(x):
+        return np.ascontiguousarray(x).view(target)
+    return lax.bitcast_convert_type(x, target)
