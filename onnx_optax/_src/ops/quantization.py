@@ -22,9 +22,17 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import _axis, _cast, _xp, check_at_run, check_size
+from onnx_optax._src.ops.arrays import (
+    _axis,
+    _cast,
+    _xp,
+    check_at_run,
+    check_size,
+    is_static,
+)
 from onnx_optax._src.ops.nn import _conv, _matmul_shape
 from onnx_optax._src.ops.registry import Node, register
 
@@ -113,6 +121,21 @@ def _division_type(node: Node, scale: Any) -> np.dtype:
     return dtype if _is_float(dtype) and dtype.itemsize >= 2 else np.dtype(np.float32)
 
 
+def _divide(a: Any, b: Any) -> Any:
+    """a / b correctly rounded, as numpy and onnxruntime divide.
+
+    XLA rewrites a division by a broadcast value (a per-tensor or per-axis
+    scale) or by a constant into a multiplication by its reciprocal, which is
+    off by one ulp for most quotients: enough to move a value across a
+    rounding tie. Behind an optimization barrier the divisor is an array of the
+    quotient's shape, which XLA divides by.
+    """
+    if _xp(a, b) is np:
+        return np.divide(a, b)
+    shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+    return a / lax.optimization_barrier(jnp.broadcast_to(b, shape))
+
+
 @jax.custom_jvp
 def _round_ste(v: Any) -> Any:
     """Rounds half to even; its derivative is taken as 1 (straight through)."""
@@ -125,7 +148,8 @@ def _round_ste_jvp(primals: Any, tangents: Any) -> Any:
     return _round_ste(v), dv
 
 
-# Quantized tensors computed from traced values, by id: (the integer tensor, weakly; its
+# Quantized tensors computed from traced values, by id: (the integer tensor, weakly (under
+# jax.grad outside jit it is a concrete array, integers carrying no derivative); its
 # values as float32, holding the straight-through derivative). JAX carries no derivative
 # through an integer tensor, so DequantizeLinear reads these values instead of the integers
 # it is given when that tensor is one of them (identical values, a derivative besides).
@@ -141,7 +165,7 @@ def _shadow(q: Any, values: Any) -> None:
 
 def _shadow_of(q: Any) -> Any:
     """The float32 twin of ``q`` recorded by QuantizeLinear, or None."""
-    if not isinstance(q, jax.core.Tracer):
+    if is_static(q):
         return None
     entry = _SHADOWS.get(id(q))
     return entry[1] if entry is not None and entry[0]() is q else None
@@ -183,7 +207,7 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
         zero_point = _per_element(node, zero_point, "y_zero_point", shape, axis, block)
     xp = _xp(x, scale, zero_point)
     precision = _division_type(node, scale)
-    v = _cast(x, precision) / _cast(scale, precision)
+    v = _divide(_cast(x, precision), _cast(scale, precision))
     name = target.name
     if name in _INT_RANGES:
         low, high = _INT_RANGES[name]
@@ -192,10 +216,11 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
         v = _cast(v, wide)
         if zero_point is not None:
             v = v + _cast(_cast(zero_point, np.int32), wide)
-        v = xp.clip(v, np.asarray(low, wide), np.asarray(high, wide))  # derivative 0 if clipped
+        # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped
+        v = xp.where(v < low, np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v))
         q = _cast(_cast(v, np.int32), target)
-        if isinstance(q, jax.core.Tracer):
-            _shadow(q, _cast(v, np.float32))
+        if isinstance(v, jax.core.Tracer):  # q's values as float32 (NaN as q has it)
+            _shadow(q, jnp.where(v == v, _cast(v, np.float32), _cast(q, np.float32)))
         return q
     if name in _FLOAT8 or name in _FLOAT4:
         if name in _FLOAT4 and zero_point is not None:
@@ -253,9 +278,9 @@ def _dynamic_quantize_linear(node: Node, x: Any) -> Any:
     f32 = np.float32
     top = xp.maximum(xp.max(x), f32(0)) if np.size(x) else f32(0)
     bottom = xp.minimum(xp.min(x), f32(0)) if np.size(x) else f32(0)
-    scale = xp.where(top == bottom, f32(1), top - bottom) / f32(255)
-    zero = xp.round(xp.clip(f32(0) - bottom / scale, f32(0), f32(255)))
-    y = xp.clip(xp.round(x / scale) + zero, f32(0), f32(255))
+    scale = _divide(xp.where(top == bottom, f32(1), top - bottom), f32(255))
+    zero = xp.round(xp.clip(f32(0) - _divide(bottom, scale), f32(0), f32(255)))
+    y = xp.clip(xp.round(_divide(x, scale)) + zero, f32(0), f32(255))
     return _cast(y, np.uint8), _cast(scale, f32), _cast(zero, np.uint8)
 
 
@@ -351,7 +376,7 @@ def _qlinear_matmul(
     a_scale = _scalar_or(node, a_scale, "a_scale", rows, (rows, 1))
     b_scale = _scalar_or(node, b_scale, "b_scale", cols, (cols,))
     y_scale = _scalar_or(node, y_scale, "y_scale", 1, ())
-    multiplier = a_scale * b_scale / y_scale
+    multiplier = _divide(a_scale * b_scale, y_scale)
     return _requantize(node, acc, multiplier, y_zp.reshape(()), y_zp.dtype)
 
 
@@ -409,4 +434,5 @@ def _qlinear_conv(
     w_scale = _scalar_or(node, w_scale, "w_scale", m, (m, *spatial))
     x_scale = _scalar_or(node, x_scale, "x_scale", 1, ())
     y_scale = _scalar_or(node, y_scale, "y_scale", 1, ())
-    return _requantize(node, acc, x_scale * w_scale / y_scale, y_zp.reshape(()), y_zp.dtype)
+    multiplier = _divide(x_scale * w_scale, y_scale)
+    return _requantize(node, acc, multiplier, y_zp.reshape(()), y_zp.dtype)
