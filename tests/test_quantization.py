@@ -204,11 +204,24 @@ def test_integer_kernels_match_onnxruntime() -> None:
             {"s": np.array(1, np.float32), "z": np.array(0, np.uint8)},
             "output_dtype int8 differs from the zero point's type uint8",
         ),
+        (
+            helper.make_node(
+                "QLinearMatMul", ["x", "s", "f8", "f8w", "s", "f8", "s", "f8"], ["y"], name="n"
+            ),
+            {
+                "s": np.array(1, np.float32),
+                "f8": np.zeros((), helper.tensor_dtype_to_np_dtype(TensorProto.FLOAT8E4M3FN)),
+                "f8w": np.zeros((4, 2), helper.tensor_dtype_to_np_dtype(TensorProto.FLOAT8E4M3FN)),
+            },
+            "QLinearMatMul of float8 tensors is not supported",
+        ),
     ],
 )
 def test_refusals_name_the_node(node: Any, consts: dict[str, np.ndarray], message: str) -> None:
     x = np.zeros((2, 4), np.float32)
     feeds = {"xq": x.astype(np.uint8)} if node.op_type == "DequantizeLinear" else {"x": x}
+    if node.op_type == "QLinearMatMul":
+        feeds = {"x": x.astype(helper.tensor_dtype_to_np_dtype(TensorProto.FLOAT8E4M3FN))}
     with pytest.raises((ValueError, TypeError), match=r"\bn\b") as info:
         out_type = F32 if node.op_type == "DequantizeLinear" else TensorProto.INT8
         backend.prepare(_model([node], feeds, consts, ["y"], out_type=out_type)).run(feeds)
