@@ -158,8 +158,9 @@ _SHADOWS: dict[int, tuple[weakref.ref[Any], Any]] = {}
 
 def _shadow(q: Any, values: Any) -> None:
     """Records ``values`` (float32) as the differentiable twin of the traced integer ``q``."""
-    for key in [k for k, (ref, _) in _SHADOWS.items() if ref() is None]:
-        del _SHADOWS[key]
+    for key, (ref, _) in list(_SHADOWS.items()):  # a copy: another thread may trace too
+        if ref() is None:
+            _SHADOWS.pop(key, None)
     _SHADOWS[id(q)] = (weakref.ref(q), values)
 
 
