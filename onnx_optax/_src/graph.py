@@ -221,9 +221,20 @@ def paused_gc() -> Iterator[None]:
 # Host values (shapes, axes) up to this many elements key an op's trace in a _Replay.
 REPLAY_HOST_LIMIT = 1024
 # Ops whose result may differ between two calls with equal inputs (random ops without a
-# seed): never replayed. Every other op must be a function of its attributes, its inputs'
-# types and its host inputs' values while tracing, as the registry's ops are.
-UNREPLAYED = frozenset(("RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"))
+# seed), and the quantization pair, whose integer tensor carries its straight-through
+# derivative beside it (ops.quantization's shadows, which a replayed trace would drop):
+# never replayed. Every other op must be a function of its attributes, its inputs' types
+# and its host inputs' values while tracing, as the registry's ops are.
+UNREPLAYED = frozenset(
+    (
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    )
+)
 
 
 class _OpTrace(NamedTuple):

@@ -21,13 +21,15 @@ imports every family, so whoever reads the registry sees them all.
 - ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
   RotaryEmbedding, Attention; Swish)
 - ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
+- ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+  MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
 after the run) and ``attributes`` (a node's
 attributes read against its ONNX schema). To add an op: a function in its
-family's module, registered there; a new family (quantization) is a
-new module here, imported below.
+family's module, registered there; a new family is a new module here,
+imported below.
 """
 
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
@@ -39,6 +41,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     lp,
     ml,
     nn,
+    quantization,
     recurrent,
     reductions,
     shape,
