@@ -114,6 +114,32 @@ def test_unique_of_a_fed_int_input_and_3d_slices() -> None:
     compare(model_of("Unique", {"x": x3}, {}, n_out=4, opset=11, axis=1), {})
 
 
+@pytest.mark.parametrize(
+    ("x", "axis"),
+    [
+        (np.array([1.0, np.nan, np.nan, 0.0, -0.0], np.float32), None),  # onnxruntime: NaN == 1
+        (np.array([[1, np.nan], [1, np.nan], [0, 0]], np.float32), 0),
+        (np.zeros((0, 3), np.float32), 0),  # onnxruntime aborts on empty slices
+        (np.zeros((3, 0), np.float32), 0),
+    ],
+)
+@pytest.mark.parametrize("is_sorted", [0, 1])
+def test_unique_nans_and_empty_slices_as_onnx_reference(
+    x: np.ndarray, axis: int | None, is_sorted: int
+) -> None:
+    from onnx.reference import ReferenceEvaluator
+
+    attrs = {"sorted": is_sorted} if axis is None else {"sorted": is_sorted, "axis": axis}
+    model = model_of("Unique", {"x": x}, {}, n_out=4, opset=11, **attrs)
+    expected = ReferenceEvaluator(model).run(None, {})
+    with jax.enable_x64(True):
+        got = backend.prepare(model).run({})
+    for g, e in zip(got, expected, strict=True):
+        g = np.asarray(g)
+        assert g.shape == e.shape
+        np.testing.assert_array_equal(g, np.asarray(e, g.dtype))
+
+
 # ----------------------------------------------------------------------------- Compress
 
 

@@ -10,6 +10,7 @@ Compress's data may still be traced (its condition alone sets the size).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -52,7 +53,9 @@ def _unique(node: Node, x: Any) -> tuple[Any, Any, Any, Any]:
 
     Without ``axis`` the elements of the flattened input, else its slices along
     ``axis``; ``sorted`` (default 1) sorts them ascending (slices
-    lexicographically), ``sorted=0`` keeps the order of their first occurrence.
+    lexicographically), ``sorted=0`` keeps the order of their first occurrence. NaNs
+    are one value, sorted last, as onnx's reference (numpy) has them; onnxruntime
+    counts a NaN as equal to the value before it.
     """
     x = _require_static(node, x, 0)
     axis = node.get("axis")
@@ -61,7 +64,7 @@ def _unique(node: Node, x: Any) -> tuple[Any, Any, Any, Any]:
     else:
         axis = _axis(int(axis), x.ndim, node.where)
         rows = np.moveaxis(x, axis, 0)
-        rows = rows.reshape(rows.shape[0], -1)
+        rows = rows.reshape(rows.shape[0], math.prod(rows.shape[1:]))  # -1 fails when empty
     n = rows.shape[0]
     check_size(node, [n], np.int64, "indices")  # the bounds of every output
     check_size(node, x.shape, x.dtype)
