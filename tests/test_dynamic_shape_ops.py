@@ -162,6 +162,48 @@ def test_compress_refuses_a_condition_longer_than_the_axis() -> None:
         backend.prepare(model).run({})
 
 
+# ----------------------------------------------------------------------------- NonMaxSuppression
+
+
+def nms_model(inits: dict[str, np.ndarray], **attrs: Any) -> Any:
+    node = helper.make_node("NonMaxSuppression", list(inits), ["y"], name="n", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", INT64, [None, 3])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize(
+    ("max_boxes", "iou", "floor"),
+    [(3, 0.5, None), (100, 0.3, 0.4), (0, 0.5, None), (2, 0.0, 0.9), (None, None, None)],
+)
+def test_non_max_suppression_as_onnxruntime(
+    center: int, max_boxes: int | None, iou: float | None, floor: float | None
+) -> None:
+    corners = RNG.random((2, 12, 2)).astype(np.float32) * 4
+    sizes = RNG.random((2, 12, 2)).astype(np.float32) * 2
+    if center:
+        boxes = np.concatenate([corners, sizes], axis=2)
+    else:  # [y1, x1, y2, x2], some given with the corners swapped
+        boxes = np.concatenate([corners, corners + sizes], axis=2)
+        boxes[:, ::3] = boxes[:, ::3][..., [2, 3, 0, 1]]
+    scores = RNG.random((2, 3, 12)).astype(np.float32).round(1)  # ties of equal scores
+    inits: dict[str, np.ndarray] = {"boxes": boxes, "scores": scores}
+    for name, value, dtype in (
+        ("max", max_boxes, np.int64),
+        ("iou", iou, np.float32),
+        ("floor", floor, np.float32),
+    ):
+        if value is not None:
+            inits[name] = np.array([value], dtype)
+    compare(nms_model(inits, center_point_box=center), {})
+
+
 # ----------------------------------------------------------------------------- refusals
 
 

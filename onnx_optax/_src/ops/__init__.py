@@ -23,8 +23,8 @@ imports every family, so whoever reads the registry sees them all.
 - ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
-- ``dynamic``: NonZero, Unique, Compress (an output's size set by an input's
-  values, read while tracing)
+- ``dynamic``: NonZero, Unique, Compress, NonMaxSuppression (an output's
+  size set by an input's values, read while tracing)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or

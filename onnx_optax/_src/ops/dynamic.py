@@ -1,6 +1,6 @@
 """The ops of ai.onnx whose output's shape depends on the values of an input.
 
-NonZero, Unique and Compress. XLA compiles static shapes, so the input that
+NonZero, Unique, Compress and NonMaxSuppression. XLA compiles static shapes, so the input that
 sets the output's size is read while tracing (``register(..., static=...)``):
 a constant, an initializer, or a graph input fed with a concrete value (one
 compilation per value); one computed from the values fed is refused, naming
@@ -117,3 +117,99 @@ def _compress(node: Node, x: Any, condition: Any) -> Any:
     if _xp(x) is np:
         return np.take(x, keep, axis=axis)
     return jnp.take(x, keep, axis=axis)
+
+
+def _box_edges(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
+    """x_min, x_max, y_min, y_max of each box, in the boxes' dtype."""
+    if center_point_box:  # [x_center, y_center, width, height]
+        half_w, half_h = boxes[:, 2] / 2, boxes[:, 3] / 2
+        return (
+            boxes[:, 0] - half_w,
+            boxes[:, 0] + half_w,
+            boxes[:, 1] - half_h,
+            boxes[:, 1] + half_h,
+        )
+    # [y1, x1, y2, x2], either corner first
+    return (
+        np.minimum(boxes[:, 1], boxes[:, 3]),
+        np.maximum(boxes[:, 1], boxes[:, 3]),
+        np.minimum(boxes[:, 0], boxes[:, 2]),
+        np.maximum(boxes[:, 0], boxes[:, 2]),
+    )
+
+
+def _overlaps(edges: tuple[np.ndarray, ...], one: int, threshold: float) -> np.ndarray:
+    """Whether each box's IoU with box ``one`` is over ``threshold`` (empty boxes: never)."""
+    x0, x1, y0, y1 = edges
+    ix0, ix1 = np.maximum(x0, x0[one]), np.minimum(x1, x1[one])
+    iy0, iy1 = np.maximum(y0, y0[one]), np.minimum(y1, y1[one])
+    inter = (ix1 - ix0) * (iy1 - iy0)
+    area = (x1 - x0) * (y1 - y0)
+    union = area + area[one] - inter
+    valid = (ix1 > ix0) & (iy1 > iy0) & (inter > 0) & (area > 0) & (area[one] > 0) & (union > 0)
+    with np.errstate(all="ignore"):
+        iou = inter / np.where(valid, union, 1)
+    return valid & (iou > threshold)
+
+
+@register("NonMaxSuppression", static=(0, 1, 2, 3, 4))
+def _non_max_suppression(
+    node: Node,
+    boxes: Any,
+    scores: Any,
+    max_boxes: Any = None,
+    iou_threshold: Any = None,
+    score_threshold: Any = None,
+) -> Any:
+    """selected_indices [n, 3] (batch, class, box), int64: for each batch and class, boxes
+    taken by score (descending; of equal scores the lower index first), each kept unless
+    its IoU with one kept before is over ``iou_threshold``, at most ``max_boxes`` of them;
+    with ``score_threshold``, only boxes scoring over it."""
+    boxes = _require_static(node, boxes, 0)
+    scores = _require_static(node, scores, 1)
+    for position, value in ((2, max_boxes), (3, iou_threshold), (4, score_threshold)):
+        if value is not None and np.size(value) > 1:
+            raise ValueError(
+                f"{node.where}: input {node.input_name(position)} must hold one value, got "
+                f"{np.size(value)}"
+            )
+    if boxes.ndim != 3 or boxes.shape[2] != 4:
+        raise ValueError(
+            f"{node.where}: boxes must be of shape [batches, boxes, 4], got {list(boxes.shape)}"
+        )
+    if scores.ndim != 3 or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
+        raise ValueError(
+            f"{node.where}: scores must be of shape [batches, classes, boxes] = "
+            f"[{boxes.shape[0]}, classes, {boxes.shape[1]}], got {list(scores.shape)}"
+        )
+
+    def scalar(value: Any) -> Any:  # an absent or empty input: None
+        return None if value is None or np.size(value) == 0 else np.ravel(value)[0]
+
+    limit = int(scalar(max_boxes) or 0)  # absent: 0, no box selected
+    iou = scalar(iou_threshold)
+    iou = 0.0 if iou is None else iou
+    floor = scalar(score_threshold)
+    batches, classes, count = scores.shape
+    limit = min(max(limit, 0), count)
+    check_size(node, [batches * classes * limit, 3], np.int64)
+    center = int(node.get("center_point_box", 0))
+    selected: list[tuple[int, int, int]] = []
+    for b in range(batches):
+        edges = _box_edges(boxes[b], center)
+        for c in range(classes):
+            score = scores[b, c]
+            order = np.lexsort((np.arange(count), -score.astype(np.float64)))
+            if floor is not None:
+                order = order[score[order] > floor]
+            alive = np.ones(count, bool)
+            taken = 0
+            for i in order:
+                if taken == limit:
+                    break
+                if not alive[i]:
+                    continue
+                selected.append((b, c, int(i)))
+                taken += 1
+                alive &= ~_overlaps(edges, int(i), iou)
+    return np.asarray(selected, np.int64).reshape(len(selected), 3)
