@@ -208,7 +208,8 @@ def test_non_max_suppression_as_onnxruntime(
 
 
 @pytest.mark.parametrize(
-    ("op", "n_out", "position"), [("NonZero", 1, 0), ("Unique", 4, 0), ("Compress", 1, 1)]
+    ("op", "n_out", "position"),
+    [("NonZero", 1, 0), ("Unique", 4, 0), ("Compress", 1, 1), ("NonMaxSuppression", 1, 0)],
 )
 def test_an_input_computed_from_the_feeds_is_refused_naming_the_node(
     op: str, n_out: int, position: int
@@ -218,6 +219,12 @@ def test_an_input_computed_from_the_feeds_is_refused_naming_the_node(
     if op == "Compress":
         cast = helper.make_node("Cast", ["r"], ["b"], to=onnx.TensorProto.BOOL)
         before, inputs = [relu, cast], ["x", "b"]
+    elif op == "NonMaxSuppression":  # boxes [1, 1, 4] computed from the feeds
+        shape = helper.make_node(
+            "Constant", [], ["s"], value=numpy_helper.from_array(np.array([1, 1, 4]))
+        )
+        boxes = helper.make_node("Reshape", ["r", "s"], ["boxes"])
+        before, inputs = [relu, shape, boxes], ["boxes", "boxes"]
     else:
         before, inputs = [relu], ["r"]
     model = model_of(op, {}, {"x": x}, n_out=n_out, opset=13, before=before, inputs=inputs)
