@@ -321,8 +321,9 @@ def _native_conv(
 ) -> Any:
     # The barrier keeps XLA from seeing a weight that is a broadcast constant (an
     # exporter's ConstantOfShape): XLA:CPU then lowered the conv followed by a reduction
-    # to code that read garbage (NaN, 0 or 1e34 instead of the mean; light_squeezenet's
-    # output was NaN). For a weight that is an argument it changes nothing.
+    # to code that read garbage (NaN, 0 or -3.9e34 instead of the mean; light_squeezenet's
+    # last GlobalAveragePool came out 0 or inf). For a weight that is an argument it
+    # changes nothing.
     return lax.conv_general_dilated(
         x,
         lax.optimization_barrier(w),
