@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,9 +34,8 @@ def child(name: str) -> None:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
-    import onnx_optax
     from onnx_optax import backend, training
-    from tests.real_models import MODELS, load
+    from tests.real_models import MODELS, attach_for_fine_tune, load
 
     real = {m.name: m for m in MODELS}[name]
     model = load(real)
@@ -46,15 +44,7 @@ def child(name: str) -> None:
     backend.prepare(model).run(feeds)
     forward = time.perf_counter() - start
     tune = real.fine_tune
-    with warnings.catch_warnings():  # an opset-11 model is raised to 12, and says so
-        warnings.simplefilter("ignore", UserWarning)
-        attached = training.attach(
-            model,
-            loss=tune.loss,
-            output=tune.output,
-            class_axis=tune.class_axis,
-            optimizer=onnx_optax.adam(tune.learning_rate),
-        )
+    attached = attach_for_fine_tune(real, model)
     session = training.Session(attached)
     target = attached.training_info[0].algorithm.input[0].name
     labels = np.random.default_rng(0).integers(0, tune.classes, tune.target_shape)

@@ -33,7 +33,6 @@ import os
 import random
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,10 +41,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-import onnx_optax
 from onnx_optax import backend, training
 from onnx_optax._src.ops import nn
-from tests.real_models import MODELS, RealModel, load
+from tests.real_models import MODELS, RealModel, attach_for_fine_tune, load
 
 # light_squeezenet is left out: onnx_optax's output is NaN where onnxruntime's is 0.001
 ZOO = ("light_shufflenet", "light_resnet50")
@@ -135,15 +133,7 @@ def forward(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rounds: int) -
 def train(real: RealModel, feeds: dict[str, np.ndarray], rounds: int) -> dict[str, float]:
     """Medians of one Adam step (seconds), with and without the grouped-conv rewrite."""
     tune = real.fine_tune
-    with warnings.catch_warnings():  # an opset-11 model is raised to 12, and says so
-        warnings.filterwarnings("ignore", "the model imports ai.onnx opset", UserWarning)
-        attached = training.attach(
-            load(real),
-            loss=tune.loss,
-            output=tune.output,
-            class_axis=tune.class_axis,
-            optimizer=onnx_optax.adam(tune.learning_rate),
-        )
+    attached = attach_for_fine_tune(real)
     target = attached.training_info[0].algorithm.input[0].name
     # the targets' shape for the tests' batch, its batch axis resized (CRNN's is time-major)
     batch, test_batch = next(iter(feeds.values())).shape[0], real.feeds[0].shape[0]

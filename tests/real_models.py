@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "Make",
     "RealModel",
     "Weight",
+    "attach_for_fine_tune",
     "constant_value",
     "float_constants",
     "lift_constant",
@@ -307,6 +309,24 @@ def model_path(model: RealModel) -> Path:
 def load(model: RealModel) -> onnx.ModelProto:
     """The checked model, read with onnx."""
     return onnx.load(str(model_path(model)))
+
+
+def attach_for_fine_tune(real: RealModel, model: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """``model`` (default: the pinned file) made trainable as ``real.fine_tune`` says: its
+    loss, output and class axis, Adam at its learning rate (the tests' and benchmarks' one way)."""
+    import onnx_optax
+    from onnx_optax import training
+
+    tune = real.fine_tune
+    with warnings.catch_warnings():  # an opset-11 model is raised to 12, and says so
+        warnings.filterwarnings("ignore", "the model imports ai.onnx opset", UserWarning)
+        return training.attach(
+            load(real) if model is None else model,
+            loss=tune.loss,
+            output=tune.output,
+            class_axis=tune.class_axis,
+            optimizer=onnx_optax.adam(tune.learning_rate),
+        )
 
 
 # -- float64

@@ -11,40 +11,22 @@ against central finite differences in float64 in ``test_real_models.py``.)
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-
-import onnx_optax
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from onnx_optax import training  # noqa: E402
-from tests.real_models import MODELS, RealModel, load  # noqa: E402
+from tests.real_models import MODELS, RealModel, attach_for_fine_tune, load  # noqa: E402
 
 STEPS = 30
 
 
-def _attached(real: RealModel) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    model = load(real)
-    tune = real.fine_tune
-    with warnings.catch_warnings():  # an opset-11 model is raised to 12, and says so
-        warnings.filterwarnings("ignore", "the model imports ai.onnx opset", UserWarning)
-        attached = training.attach(
-            model,
-            loss=tune.loss,
-            output=tune.output,
-            class_axis=tune.class_axis,
-            optimizer=onnx_optax.adam(tune.learning_rate),
-        )
-    return model, attached
-
-
 @pytest.mark.parametrize("real", MODELS, ids=[m.name for m in MODELS])
 def test_a_real_export_fine_tunes_as_shipped(real: RealModel) -> None:
-    model, attached = _attached(real)
+    model = load(real)
+    attached = attach_for_fine_tune(real, model)
     assert training.check(attached) == []
     tune = real.fine_tune
 
