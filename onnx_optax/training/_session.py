@@ -511,8 +511,10 @@ class Session:
         all_feeds = self._checked_feeds(inputs)
         arguments = (self._state, all_feeds, self._constants)
         with paused_gc():  # the first call of a signature traces and lowers every entry
+            # The state and constants keep their structure for the session's life: the
+            # feeds alone tell one step signature from another.
             key = (
-                jax.tree.structure(arguments),
+                jax.tree.structure(all_feeds),
                 tuple((v.shape, str(v.dtype)) for v in jax.tree.leaves(all_feeds)),
             )
             if key not in self._checked:  # the step's own trace, kept for its call
