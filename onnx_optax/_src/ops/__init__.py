@@ -19,7 +19,8 @@ imports every family, so whoever reads the registry sees them all.
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
 - ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
-  RotaryEmbedding, Attention; Swish)
+  RotaryEmbedding, Attention; Swish; LinearAttention, CausalConvWithState;
+  ai.onnx.preview's FlexAttention)
 - ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv

@@ -1,4 +1,5 @@
-"""The transformer ops of ai.onnx: RMSNormalization, Swish, SwiGLU, RotaryEmbedding, Attention.
+"""The transformer ops of ai.onnx: RMSNormalization, Swish, SwiGLU, RotaryEmbedding, Attention,
+the recurrent blocks LinearAttention and CausalConvWithState, and ai.onnx.preview's FlexAttention.
 
 The blocks a decoder export is made of (opset 23 on): each one ``@register``-ed
 function over jax.numpy, differentiable, its shapes checked (naming the node)
@@ -6,6 +7,9 @@ before anything is computed. Attention follows the spec's pattern: Q and K each
 scaled by ``sqrt(scale)``, a softcap, one additive bias built from the mask, the
 causal frontier, the window and ``nonpad_kv_seqlen``, a softmax whose fully
 masked rows give zeros (never NaN), and the key/value cache concatenated in.
+LinearAttention's state recurrence is one ``lax.scan`` over the steps;
+CausalConvWithState is a depthwise convolution over its carried state and the
+input; FlexAttention calls its ``score_mod``/``prob_mod`` subgraphs inline.
 """
 
 from __future__ import annotations
@@ -346,3 +350,274 @@ def _attention(
     qk = (raw, scores, biased, probs)[mode]
     qk = jnp.broadcast_to(qk, shape)
     return (y, present_key, present_value, qk)[: node.n_outputs]
+
+
+# ----------------------------------------------------------------------------- CausalConvWithState
+
+
+def _wide(dtype: Any) -> np.dtype:
+    """float32 for 16-bit floats, the dtype itself otherwise."""
+    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
+
+
+@register("CausalConvWithState")
+def _causal_conv_with_state(
+    node: Node, x: Any, weight: Any, bias: Any = None, past: Any = None
+) -> Any:
+    """A depthwise causal 1-D convolution carrying its last ``k - 1`` inputs as state.
+
+    With ``P = concat(past_state or zeros, X)`` along the length (``P`` of length
+    ``L + k - 1``): ``Y[b, c, t] = sum_j W[c, 0, j] * P[b, c, t + j] + B[c]``, then
+    ``Y * sigmoid(Y)`` under ``activation`` 'silu' or 'swish'; ``present_state`` is
+    ``P[:, :, L:]``, the last ``k - 1`` positions of ``P``.
+    """
+    activation = node.get("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(
+            f"{node.where}: activation '{activation}' must be 'none', 'silu' or 'swish'"
+        )
+    if np.ndim(x) != 3 or np.ndim(weight) != 3:
+        raise ValueError(
+            f"{node.where}: input of shape {_shape(x)} must be (batch, channels, length) and "
+            f"weight of shape {_shape(weight)} (channels, 1, k)"
+        )
+    batch, channels, length = _shape(x)
+    taps = _shape(weight)[2]
+    if _shape(weight)[:2] != [channels, 1] or taps < 1:
+        raise ValueError(
+            f"{node.where}: weight of shape {_shape(weight)} must be ({channels}, 1, k) with "
+            f"k >= 1 for input of shape {_shape(x)} (depthwise: one kernel per channel)"
+        )
+    if bias is not None and _shape(bias) != [channels]:
+        raise ValueError(f"{node.where}: bias of shape {_shape(bias)} must be ({channels},)")
+    state_shape = [batch, channels, taps - 1]
+    if past is not None and _shape(past) != state_shape:
+        raise ValueError(
+            f"{node.where}: past_state of shape {_shape(past)} must be (batch, channels, k - 1) "
+            f"= {state_shape}"
+        )
+    dtype = jnp.asarray(x).dtype
+    acc = _wide(dtype)  # 16-bit inputs accumulate in float32
+    start = jnp.zeros(state_shape, dtype) if past is None else jnp.asarray(past)
+    padded = jnp.concatenate([start, jnp.asarray(x)], axis=2)
+    y = jax.lax.conv_general_dilated(
+        padded.astype(acc),
+        jnp.asarray(weight).astype(acc),
+        window_strides=(1,),
+        padding="VALID",
+        dimension_numbers=("NCH", "OIH", "NCH"),
+        feature_group_count=channels,
+    )
+    if bias is not None:
+        y = y + jnp.asarray(bias).astype(acc)[:, None]
+    y = y.astype(dtype)
+    if activation != "none":
+        wide = y.astype(acc)
+        y = (wide * jax.nn.sigmoid(wide)).astype(dtype)
+    return y, padded[:, :, length:]
+
+
+# ----------------------------------------------------------------------------- LinearAttention
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _packed(node: Node, name: str, value: Any, heads: int, batch: int, steps: int) -> Any:
+    """A 3-D packed (B, T, H * D) input as (T, B, H, D), time first for the scan."""
+    shape = _shape(value)
+    if len(shape) != 3 or shape[:2] != [batch, steps] or shape[2] % heads:
+        raise ValueError(
+            f"{node.where}: {name} of shape {shape} must be (batch, T, heads * size) = "
+            f"({batch}, {steps}, {heads} * size)"
+        )
+    return jnp.transpose(jnp.reshape(value, (batch, steps, heads, -1)), (1, 0, 2, 3))
+
+
+def _linear_attention_gates(
+    node: Node, rule: str, decay: Any, beta: Any, kv_heads: int, d_k: int, batch: int, steps: int
+) -> tuple[Any, Any]:
+    """decay as (T, B, H_kv, 1 or d_k) and beta as (T, B, H_kv or 1, 1), or None each."""
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    for name, value, needed in (("decay", decay, gated), ("beta", beta, delta)):
+        if (value is None) == needed:
+            raise ValueError(
+                f"{node.where}: update_rule '{rule}' "
+                f"{'needs' if needed else 'takes no'} {name} input"
+            )
+    if decay is not None:
+        last = _shape(decay)[-1] if np.ndim(decay) == 3 else -1
+        if last not in (kv_heads, kv_heads * d_k):
+            raise ValueError(
+                f"{node.where}: decay of shape {_shape(decay)} must be (batch, T, kv_num_heads) "
+                f"or (batch, T, kv_num_heads * d_k) = ({batch}, {steps}, {kv_heads} or "
+                f"{kv_heads * d_k})"
+            )
+        decay = _packed(node, "decay", decay, kv_heads, batch, steps)
+    if beta is not None:
+        last = _shape(beta)[-1] if np.ndim(beta) == 3 else -1
+        if last not in (kv_heads, 1):
+            raise ValueError(
+                f"{node.where}: beta of shape {_shape(beta)} must be (batch, T, kv_num_heads) "
+                f"or (batch, T, 1) = ({batch}, {steps}, {kv_heads} or 1)"
+            )
+        beta = _packed(node, "beta", beta, last, batch, steps)
+    return decay, beta
+
+
+@register("LinearAttention")
+def _linear_attention(
+    node: Node,
+    q: Any,
+    k: Any,
+    v: Any,
+    past: Any = None,
+    decay: Any = None,
+    beta: Any = None,
+) -> Any:
+    """Linear attention's recurrence over T steps (one ``lax.scan``), state (B, H_kv, d_k, d_v).
+
+    Per step, ``S = exp(g) * S`` (gated rules), ``v = beta * (v - S^T k)`` (delta
+    rules), ``S = S + k ⊗ v``, ``o = scale * q^T S``; each K/V head (and its state)
+    serves ``q_num_heads / kv_num_heads`` consecutive query heads. Computed in
+    float32; ``present_state`` in past_state's dtype (the query's without one).
+    """
+    rule = node.get("update_rule", "gated_delta")
+    if rule not in _UPDATE_RULES:
+        raise ValueError(f"{node.where}: update_rule '{rule}' must be one of {list(_UPDATE_RULES)}")
+    q_heads, kv_heads = int(node.get("q_num_heads", 0)), int(node.get("kv_num_heads", 0))
+    if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
+        raise ValueError(
+            f"{node.where}: q_num_heads {q_heads} must be a positive multiple of kv_num_heads "
+            f"{kv_heads}"
+        )
+    if np.ndim(q) != 3:
+        raise ValueError(
+            f"{node.where}: query of shape {_shape(q)} must be (batch, T, heads * d_k)"
+        )
+    batch, steps, _ = _shape(q)
+    qs = _packed(node, "query", q, q_heads, batch, steps)
+    d_k = qs.shape[3]
+    ks = _packed(node, "key", k, kv_heads, batch, steps)
+    vs = _packed(node, "value", v, kv_heads, batch, steps)
+    if ks.shape[3] != d_k:
+        raise ValueError(
+            f"{node.where}: key of shape {_shape(k)} gives head size {ks.shape[3]} where the "
+            f"query's is {d_k}"
+        )
+    d_v = vs.shape[3]
+    state_shape = [batch, kv_heads, d_k, d_v]
+    if past is not None and _shape(past) != state_shape:
+        raise ValueError(
+            f"{node.where}: past_state of shape {_shape(past)} must be (batch, kv_num_heads, "
+            f"d_k, d_v) = {state_shape}"
+        )
+    decays, betas = _linear_attention_gates(node, rule, decay, beta, kv_heads, d_k, batch, steps)
+    check_size(node, (steps, batch, q_heads, d_v), np.float32, "the outputs of every step")
+    scale = float(node.get("scale", 0.0)) or 1 / math.sqrt(d_k)
+    acc = np.dtype(np.float32)
+    state = jnp.zeros(state_shape, acc) if past is None else jnp.asarray(past).astype(acc)
+    xs = {
+        "q": jnp.reshape(qs, (steps, batch, kv_heads, q_heads // kv_heads, d_k)).astype(acc),
+        "k": ks.astype(acc),
+        "v": vs.astype(acc),
+    }
+    if decays is not None:
+        xs["g"] = decays.astype(acc)
+    if betas is not None:
+        xs["beta"] = betas.astype(acc)
+
+    def step(s: Any, x: dict[str, Any]) -> tuple[Any, Any]:
+        if "g" in x:
+            s = s * jnp.exp(x["g"])[..., None]
+        value = x["v"]
+        if "beta" in x:
+            value = x["beta"] * (value - jnp.einsum("bhdm,bhd->bhm", s, x["k"]))
+        s = s + x["k"][..., :, None] * value[..., None, :]
+        return s, jnp.einsum("bhgd,bhdm->bhgm", x["q"], s) * np.asarray(scale, acc)
+
+    state, outs = jax.lax.scan(step, state, xs)
+    y = jnp.transpose(jnp.reshape(outs, (steps, batch, q_heads * d_v)), (1, 0, 2))
+    state_dtype = jnp.asarray(q if past is None else past).dtype
+    return y.astype(jnp.asarray(q).dtype), state.astype(state_dtype)
+
+
+# ----------------------------------------------------------------------------- FlexAttention
+
+PREVIEW_DOMAIN = "ai.onnx.preview"
+
+
+def _modified(node: Node, name: str, modifier: Any, value: Any) -> Any:
+    """``modifier(value)``: a subgraph of one input and one output of value's shape and dtype."""
+    if len(modifier.input_names) != 1 or len(modifier.output_names) != 1:
+        raise ValueError(
+            f"{node.where}: {name} takes {len(modifier.input_names)} inputs and gives "
+            f"{len(modifier.output_names)} outputs; it must take and give one tensor"
+        )
+    (out,) = modifier(value)
+    if _shape(out) != _shape(value) or np.dtype(out.dtype) != np.dtype(value.dtype):
+        raise ValueError(
+            f"{node.where}: {name} gives {np.dtype(out.dtype)}{_shape(out)} where "
+            f"{np.dtype(value.dtype)}{_shape(value)} (its input's shape and type) is needed"
+        )
+    return jnp.asarray(out)
+
+
+def _flex_precision(node: Node, dtype: Any) -> np.dtype:
+    """softmax_precision's dtype; float32 for 16-bit inputs and the input's otherwise."""
+    precision = node.get("softmax_precision")
+    if precision is None:
+        return _wide(dtype)
+    chosen = _canonical(tensor_dtype(int(precision), node.where))
+    if not jnp.issubdtype(chosen, jnp.floating) or chosen.itemsize < 2:
+        raise ValueError(
+            f"{node.where}: softmax_precision {precision} ({chosen}) must be float16, "
+            "bfloat16, float or double"
+        )
+    return chosen
+
+
+@register("FlexAttention", domain=PREVIEW_DOMAIN)
+def _flex_attention(node: Node, q: Any, k: Any, v: Any) -> Any:
+    """``softmax(score_mod((Q @ K^T) * scale)) @ V``, with prob_mod applied to the softmax.
+
+    Q and K are each scaled by ``sqrt(scale)`` (default ``1 / sqrt(head_size)``) in
+    Q's dtype; the scores, both modifiers (subgraphs called inline, so gradients
+    flow through them), the softmax and the product with V are in softmax_precision;
+    grouped heads: query head ``h`` reads K/V head ``h // (q_heads / kv_heads)``.
+    """
+    shapes = [_shape(q), _shape(k), _shape(v)]
+    if any(len(s) != 4 for s in shapes):
+        raise ValueError(f"{node.where}: Q, K and V of shapes {shapes} must all be 4-D")
+    (batch, heads, _, size), (kb, kv_heads, kv_len, k_size), (vb, v_heads, v_len, _) = shapes
+    if (
+        len({batch, kb, vb}) != 1
+        or (kv_heads, kv_len) != (v_heads, v_len)
+        or size != k_size
+        or kv_heads < 1
+        or heads % kv_heads
+    ):
+        raise ValueError(
+            f"{node.where}: Q (batch, heads, seq, size) {shapes[0]}, K {shapes[1]} and V "
+            f"{shapes[2]} do not fit: one batch, K and V of the same heads and length, Q and K "
+            "of one head size, Q's heads a multiple of K's"
+        )
+    check_size(node, (batch, heads, shapes[0][2], kv_len), np.float64, "attention scores")
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    scale = node.get("scale")
+    scale = 1 / math.sqrt(size) if scale is None else float(scale)
+    if scale < 0:
+        raise ValueError(
+            f"{node.where}: scale {scale} is negative; Q and K are each scaled by its square root"
+        )
+    root = np.asarray(np.sqrt(np.float32(scale)), q.dtype)
+    if heads != kv_heads:
+        k = jnp.repeat(k, heads // kv_heads, axis=1)
+        v = jnp.repeat(v, heads // kv_heads, axis=1)
+    dtype = _flex_precision(node, q.dtype)
+    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2)).astype(dtype)
+    if node.get("score_mod") is not None:
+        scores = _modified(node, "score_mod", node["score_mod"], scores)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if node.get("prob_mod") is not None:
+        probs = _modified(node, "prob_mod", node["prob_mod"], probs)
+    return jnp.matmul(probs, v.astype(dtype)).astype(v.dtype)
