@@ -31,11 +31,20 @@ def normal(*shape: int, dtype: Any = np.float32) -> np.ndarray:
     return RNG.standard_normal(shape).astype(dtype)
 
 
-def op_model(op: str, feeds: dict[str, np.ndarray], n_outputs: int, **attrs: Any) -> Any:
-    """One node named 'n' reading ``feeds`` (graph inputs; '' skips an optional input)."""
+def op_model(
+    op: str,
+    feeds: dict[str, np.ndarray],
+    n_outputs: int,
+    *,
+    node_inputs: list[str] | None = None,
+    **attrs: Any,
+) -> Any:
+    """One node named 'n' reading ``feeds`` (graph inputs; '' skips an optional input), or
+    the ``node_inputs`` among them (the others read by its subgraphs)."""
     domain = PREVIEW if op == "FlexAttention" else ""
     names = [f"y{i}" for i in range(n_outputs)]
-    node = helper.make_node(op, list(feeds), names, name="n", domain=domain, **attrs)
+    read = list(feeds) if node_inputs is None else node_inputs
+    node = helper.make_node(op, read, names, name="n", domain=domain, **attrs)
     inputs = [
         helper.make_tensor_value_info(
             name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
@@ -185,6 +194,14 @@ def test_linear_attention_without_state_then_decoding_equals_one_prefill() -> No
     np.testing.assert_allclose(state2, whole[1], rtol=1e-5, atol=1e-6)
 
 
+def test_empty_sequences_match_the_reference() -> None:
+    """No positions: outputs of length 0, the state carried through (all of it)."""
+    feeds = {"x": normal(2, 3, 0), "w": normal(3, 1, 3), "": np.zeros(0), "past": normal(2, 3, 2)}
+    check_against_reference("CausalConvWithState", feeds, 2, 0)
+    kw = {"q_num_heads": 4, "kv_num_heads": 2}
+    check_against_reference("LinearAttention", linear_feeds("gated_delta", t=0), 2, 0, **kw)
+
+
 # ----------------------------------------------------------------------------- FlexAttention
 
 
@@ -249,6 +266,40 @@ def test_flex_attention_float32_with_a_float64_softmax_matches_the_reference() -
 # ----------------------------------------------------------------------------- gradients
 
 
+def test_flex_attention_score_mod_reading_an_outer_bias_is_differentiable_in_it() -> None:
+    """score_mod adds a graph input of the enclosing graph: values against numpy written
+    here (Q and K each scaled by sqrt(1 / sqrt(4)) taken in float32, as the function body of
+    the spec does), the gradient of that bias against central differences (float64)."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(9)
+        feeds = {n: rng.standard_normal(s) for n, s in
+                 (("q", (1, 2, 3, 4)), ("k", (1, 2, 5, 4)), ("v", (1, 2, 5, 2)),
+                  ("bias", (3, 5)))}  # fmt: skip
+        add = helper.make_node("Add", ["x", "bias"], ["out"])
+        mod = modifier("add_bias", [add], TensorProto.DOUBLE)
+        weights = rng.standard_normal((1, 2, 3, 2))
+
+        def by_hand(x: dict[str, np.ndarray]) -> np.ndarray:
+            root = np.float64(np.sqrt(np.float32(0.5)))  # in float32, as the spec's body
+            scores = (x["q"] * root) @ np.swapaxes(x["k"] * root, -1, -2) + x["bias"]
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            return (probs / probs.sum(-1, keepdims=True)) @ x["v"]
+
+        read = ["q", "k", "v"]
+        model = op_model("FlexAttention", feeds, 1, node_inputs=read, score_mod=mod)
+        got = backend.prepare(model).run(feeds)[0]
+        np.testing.assert_allclose(got, by_hand(feeds), rtol=1e-12, atol=1e-12)
+        grads = graph_gradients(
+            "FlexAttention", feeds, ["bias", "q"], weights, node_inputs=read, score_mod=mod
+        )
+        expected = central_differences(
+            lambda x: float((by_hand(x) * weights).sum()), feeds, ["bias", "q"]
+        )
+        for name in ("bias", "q"):
+            assert np.abs(expected[name]).max() > 1e-3
+            np.testing.assert_allclose(grads[name], expected[name], rtol=1e-6, atol=1e-8)
+
+
 def central_differences(f: Callable[[dict[str, np.ndarray]], float], at: dict[str, np.ndarray],
                         names: list[str], step: float = 1e-6) -> dict[str, np.ndarray]:  # fmt: skip
     """d f / d at[name], each element by central differences in float64."""
@@ -265,9 +316,11 @@ def central_differences(f: Callable[[dict[str, np.ndarray]], float], at: dict[st
 
 
 def graph_gradients(op: str, feeds: dict[str, np.ndarray], names: list[str], weights: np.ndarray,
-                    **attrs: Any) -> dict[str, np.ndarray]:  # fmt: skip
+                    node_inputs: list[str] | None = None, **attrs: Any,
+                    ) -> dict[str, np.ndarray]:  # fmt: skip
     """jax.grad of ``sum(output * weights)`` through the one-node graph, by input name."""
-    model = op_model(op, feeds, 1 if op == "FlexAttention" else 2, **attrs)
+    n_outputs = 1 if op == "FlexAttention" else 2
+    model = op_model(op, feeds, n_outputs, node_inputs=node_inputs, **attrs)
     graph = GraphFunction(model.graph, opsets=OPSETS)
     given = {name: value for name, value in feeds.items() if name}
 
@@ -397,6 +450,8 @@ def flex_bad_mod() -> Any:
                            "v": normal(1, 2, 2, 4)}, {}, "Q's heads a multiple of K's"),
         ("FlexAttention", {"q": normal(2, 4), "k": normal(2, 4), "v": normal(2, 4)}, {},
          "must all be 4-D"),
+        ("FlexAttention", {"q": normal(1, 1, 2, 0), "k": normal(1, 1, 3, 0),
+                           "v": normal(1, 1, 3, 4)}, {}, "give the scale attribute"),
         ("FlexAttention", {"q": normal(1, 1, 2, 4), "k": normal(1, 1, 3, 4),
                            "v": normal(1, 1, 3, 4)}, {"score_mod": flex_bad_mod()},
          r"score_mod gives float32\[\] where float32\[1, 1, 2, 3\]"),

@@ -400,6 +400,8 @@ def _causal_conv_with_state(
     acc = _wide(dtype)  # 16-bit inputs accumulate in float32
     start = jnp.zeros(state_shape, dtype) if past is None else jnp.asarray(past)
     padded = jnp.concatenate([start, jnp.asarray(x)], axis=2)
+    if not channels:  # no kernel to convolve (XLA takes no group count of 0)
+        return jnp.zeros(_shape(x), dtype), padded[:, :, length:]
     y = jax.lax.conv_general_dilated(
         padded.astype(acc),
         jnp.asarray(weight).astype(acc),
@@ -419,6 +421,17 @@ def _causal_conv_with_state(
 
 # ----------------------------------------------------------------------------- LinearAttention
 
+
+def _default_scale(node: Node, head_size: int) -> float:
+    """``1 / sqrt(head_size)``, the scale when none is given."""
+    if head_size < 1:
+        raise ValueError(
+            f"{node.where}: a head size of {head_size} gives no default scale 1 / sqrt(size); "
+            "give the scale attribute"
+        )
+    return 1 / math.sqrt(head_size)
+
+
 _UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 
 
@@ -430,7 +443,8 @@ def _packed(node: Node, name: str, value: Any, heads: int, batch: int, steps: in
             f"{node.where}: {name} of shape {shape} must be (batch, T, heads * size) = "
             f"({batch}, {steps}, {heads} * size)"
         )
-    return jnp.transpose(jnp.reshape(value, (batch, steps, heads, -1)), (1, 0, 2, 3))
+    size = shape[2] // heads
+    return jnp.transpose(jnp.reshape(value, (batch, steps, heads, size)), (1, 0, 2, 3))
 
 
 def _linear_attention_gates(
@@ -513,7 +527,7 @@ def _linear_attention(
         )
     decays, betas = _linear_attention_gates(node, rule, decay, beta, kv_heads, d_k, batch, steps)
     check_size(node, (steps, batch, q_heads, d_v), np.float32, "the outputs of every step")
-    scale = float(node.get("scale", 0.0)) or 1 / math.sqrt(d_k)
+    scale = float(node.get("scale", 0.0)) or _default_scale(node, d_k)
     acc = np.dtype(np.float32)
     state = jnp.zeros(state_shape, acc) if past is None else jnp.asarray(past).astype(acc)
     xs = {
@@ -604,7 +618,7 @@ def _flex_attention(node: Node, q: Any, k: Any, v: Any) -> Any:
     check_size(node, (batch, heads, shapes[0][2], kv_len), np.float64, "attention scores")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     scale = node.get("scale")
-    scale = 1 / math.sqrt(size) if scale is None else float(scale)
+    scale = _default_scale(node, size) if scale is None else float(scale)
     if scale < 0:
         raise ValueError(
             f"{node.where}: scale {scale} is negative; Q and K are each scaled by its square root"
