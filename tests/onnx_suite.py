@@ -48,6 +48,10 @@ EXCLUDED: dict[str, str] = {
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
     r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",
+    r"^test_(hann|hamming|blackman)window(_symmetric)?_expanded$": (
+        "the window's size, a graph input, reaches Range (a shape read while tracing) through "
+        "Cast and Sub; a graph input is a compile-time value only where an op reads it directly"
+    ),
 }
 
 

@@ -5,14 +5,14 @@
 module registers its ops with ``@register("OpType")``; importing this package
 imports every family, so whoever reads the registry sees them all.
 
-- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast,
-  the Bitwise ops, BitShift, BitCast
+- ``elementwise``: arithmetic, unary math (trigonometric and hyperbolic), Shrink,
+  comparisons, logic, Where, Clip, Cast, the Bitwise ops, BitShift, BitCast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
-  normalizations, Dropout
+  normalizations (Batch, Instance, Layer, Group, MeanVariance), MaxUnpool, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
   ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
-  Range, OneHot, EyeLike
-- ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd
+  Range, OneHot, EyeLike, ReverseSequence, TensorScatter, Upsample
+- ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd, Det
 - ``image``: Resize
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
@@ -24,6 +24,8 @@ imports every family, so whoever reads the registry sees them all.
 - ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
+- ``signal``: DFT, STFT, the Hann, Hamming and Blackman windows,
+  MelWeightMatrix
 - ``dynamic``: NonZero, Unique, Compress, NonMaxSuppression (an output's
   size set by an input's values, read while tracing)
 
@@ -49,6 +51,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     recurrent,
     reductions,
     shape,
+    signal,
 )
 from onnx_optax._src.ops.arrays import (
     NotStaticError,
