@@ -197,6 +197,42 @@ def test_reverse_sequence_with_batch_first() -> None:
     np.testing.assert_array_equal(y, expected)
 
 
+def against_onnxruntime(
+    op: str, feeds: dict[str, np.ndarray], opset: int, rank: int, tol: float, **attrs: Any
+) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    model = op_model(op, feeds, opset, rank=rank, out_dtype=np.float32, **attrs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    given = {name: value for name, value in feeds.items() if name}
+    (expected,) = session.run(None, given)
+    got = np.asarray(backend.prepare(model).run(given)[0])
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+
+
+def test_upsample_opset_7_and_9_match_onnxruntime() -> None:
+    x = RNG.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    scales = [1.0, 1.0, 2.0, 1.5]
+    for mode in ("nearest", "linear"):
+        against_onnxruntime("Upsample", {"x": x}, 7, 4, 1e-6, mode=mode, scales=scales)
+        feeds = {"x": x, "scales": np.array(scales, np.float32)}
+        against_onnxruntime("Upsample", feeds, 9, 4, 1e-6, mode=mode)
+
+
+def test_mel_weight_matrix_and_stft_with_frame_length_match_onnxruntime() -> None:
+    feeds = {
+        "bins": np.array(8, np.int64),
+        "length": np.array(64, np.int64),
+        "rate": np.array(8000, np.int64),
+        "low": np.array(100.0, np.float32),
+        "high": np.array(3000.0, np.float32),
+    }
+    against_onnxruntime("MelWeightMatrix", feeds, 17, 2, 0.0)
+    signal = RNG.standard_normal((2, 30, 1)).astype(np.float32)
+    feeds = {"x": signal, "step": np.array(4, np.int64), "": np.zeros(0), "n": np.array(10)}
+    against_onnxruntime("STFT", feeds, 17, 4, 2e-5)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 

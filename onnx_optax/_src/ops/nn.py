@@ -785,7 +785,8 @@ def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> A
     """MaxPool's inverse: zeros of ``(N, C, (D - 1) * stride - pad_begin - pad_end +
     kernel, ...)`` holding ``x`` at ``indices`` (flat into that whole tensor, as MaxPool's
     second output), the rest zero; an ``output_shape`` as large or larger pads it with
-    zeros at the end of each axis (as onnx's node cases and reference)."""
+    zeros at the end of each axis (as onnx's node cases and reference; onnxruntime
+    instead reads the indices into ``output_shape``)."""
     _pooled_input(node, x)
     n = x.ndim - 2
     kernel = _attr_ints(node, "kernel_shape", n, 1, 1)
