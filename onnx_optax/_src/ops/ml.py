@@ -1,7 +1,7 @@
 """The ``ai.onnx.ml`` ops that scikit-learn exports (skl2onnx) put around a model.
 
 Inference only: ``ArrayFeatureExtractor`` (a classifier's label, ``classes[argmax]``),
-``Scaler``, ``Normalizer``, ``LinearRegressor`` and ``LinearClassifier``, each a
+``Scaler``, ``Normalizer``, ``Binarizer``, ``LinearRegressor`` and ``LinearClassifier``, each a
 small function registered into the one registry (``ops.registry``) under the
 ``ai.onnx.ml`` domain; attributes arrive with the ai.onnx.ml schema's defaults
 for the model's ai.onnx.ml opset.
