@@ -186,7 +186,8 @@ def _window(
     run.__name__ = f"_{name.lower()}"
     run.__doc__ = (
         f"{name} of ``size`` N: ``w[n] = sum_k (-1)^k a_k cos(2 pi k n / M)``, ``a = {terms}``, "
-        "``M = N`` when ``periodic`` else ``N - 1``, in ``output_datatype``."
+        "``M = N`` when ``periodic`` else ``N - 1``, in ``output_datatype`` (a symmetric "
+        "window of size 1 is its value at n = 0, not the formula's 0/0)."
     )
     return run
 
