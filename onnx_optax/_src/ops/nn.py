@@ -1,8 +1,8 @@
 """Neural-network ops of ai.onnx: activations, Softmax, MatMul, Conv, pools, normalizations.
 
 Activations, the Softmax family, MatMul/Gemm/Einsum, Conv and ConvTranspose,
-pooling, BatchNormalization/InstanceNormalization/LayerNormalization and Dropout
-(inference only).
+pooling and MaxUnpool, BatchNormalization/InstanceNormalization/LayerNormalization/
+GroupNormalization/MeanVarianceNormalization and Dropout (inference only).
 
 Each is a small ``@register``-ed function over jax.numpy/lax; an op's lowering
 choices live beside it. To add a layer or an activation, register it here under

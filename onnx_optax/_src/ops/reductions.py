@@ -1,4 +1,4 @@
-"""Reductions of ai.onnx: the Reduce* ops, ArgMax/ArgMin, TopK and CumSum/CumProd.
+"""Reductions of ai.onnx: the Reduce* ops, ArgMax/ArgMin, TopK, CumSum/CumProd and Det.
 
 The Reduce* ops read their axes from an input (newer opsets) or an attribute
 (older ones).

@@ -2,8 +2,9 @@
 
 Shape, Size, Reshape, Flatten, Transpose, Squeeze/Unsqueeze, Concat, Split,
 Slice, Gather/GatherElements/GatherND, ScatterND/ScatterElements, Expand, Tile,
-Pad, DepthToSpace/SpaceToDepth, Trilu, and Identity, Constant, ConstantOfShape,
-Range, OneHot, EyeLike. Shape-valued inputs are static
+Pad, DepthToSpace/SpaceToDepth, Trilu, ReverseSequence, TensorScatter, Upsample
+(Resize of opset 10), and Identity, Constant, ConstantOfShape, Range, OneHot,
+EyeLike. Shape-valued inputs are static
 (``register(..., static=...)``), and these ops compute with numpy on static
 values, so shape arithmetic folds while tracing. A new op that moves, cuts or
 makes tensors goes here.
@@ -36,6 +37,7 @@ from onnx_optax._src.ops.arrays import (
     check_size,
     is_static,
 )
+from onnx_optax._src.ops.image import _resize
 from onnx_optax._src.ops.registry import Node, register
 
 
@@ -666,8 +668,8 @@ def _tensor_scatter(node: Node, cache: Any, update: Any, write_indices: Any = No
 def _upsample(node: Node, x: Any, scales: Any = None) -> Any:
     """Resize of opset 10 (asymmetric coordinates, nearest or linear) by ``scales``: the
     attribute before opset 9, the input after (the op is deprecated since opset 10)."""
-    from onnx_optax._src.ops import image
-
+    if node.opset < 7:
+        raise ValueError(f"{node.where}: Upsample before opset 7 (experimental) is not supported")
     if node.opset < 9:
         scales = np.asarray(node["scales"], np.float32)
     mode = {"bilinear": "linear"}.get(node["mode"], node["mode"])
@@ -679,4 +681,4 @@ def _upsample(node: Node, x: Any, scales: Any = None) -> Any:
             f"{list(np.shape(x))}, got {None if scales is None else np.asarray(scales).tolist()}"
         )
     as_resize = dataclasses.replace(node, attrs={**node.attrs, "mode": mode}, opset=10)
-    return image._resize(as_resize, x, np.asarray(scales, np.float32))
+    return _resize(as_resize, x, np.asarray(scales, np.float32))
