@@ -13,7 +13,9 @@ imports every family, so whoever reads the registry sees them all.
   ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
   Range, OneHot, EyeLike
 - ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd
-- ``image``: Resize
+- ``image``: Resize, GridSample, AffineGrid
+- ``spatial``: Col2Im, DeformConv, RoiAlign (pixels moved by index, sampled at
+  traced points)
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
@@ -48,6 +50,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     recurrent,
     reductions,
     shape,
+    spatial,
 )
 from onnx_optax._src.ops.arrays import (
     NotStaticError,
