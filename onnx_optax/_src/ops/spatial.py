@@ -304,7 +304,7 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
             f"than the {most[-1]} its rois, traced, were given room for (rois within X); "
             "set sampling_ratio",
             grid > most[-1],
-            grid,
+            grid.astype(np.int32),
         )
         grids.append(grid)
     grid_h, grid_w = (jnp.asarray(g) for g in grids)
