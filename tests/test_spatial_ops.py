@@ -367,3 +367,58 @@ def test_roi_align_refusals_name_the_node() -> None:
     refused(node_model("RoiAlign", outside), outside, r"batch_indices hold 2, outside \[0, 2\)")
     huge = {**feeds, "rois": feeds["rois"] * 10}
     refused(node_model("RoiAlign", huge), huge, "set sampling_ratio")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_training_through_deform_conv_grid_sample_and_roi_align() -> None:
+    """Conv -> offsets -> DeformConv -> GridSample -> RoiAlign (avg) trains: the loss falls."""
+    import onnx_optax
+    from onnx_optax import training
+
+    rng = np.random.default_rng(5)
+    f32 = onnx.TensorProto.FLOAT
+    weights = {
+        "w_offset": rng.normal(0, 0.1, (8, 2, 3, 3)),
+        "w": rng.normal(0, 0.3, (3, 2, 2, 2)),
+        "b": np.zeros(3),
+        "grid": rng.uniform(-1, 1, (1, 5, 5, 2)),
+    }
+    constants = {"rois": np.array([[0.0, 0.0, 4.0, 4.0]]), "batch": np.zeros(1, np.int64)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w_offset"], ["offset"], pads=[1, 1, 1, 1]),
+        helper.make_node("DeformConv", ["x", "w", "offset", "b"], ["d"], pads=[1, 1, 0, 0]),
+        helper.make_node("GridSample", ["d", "grid"], ["g"], mode="cubic"),
+        helper.make_node(
+            "RoiAlign", ["g", "rois", "batch"], ["r"], output_height=2, output_width=2
+        ),
+        helper.make_node("Flatten", ["r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "spatial",
+        [helper.make_tensor_value_info("x", f32, [1, 2, 6, 6])],
+        [helper.make_tensor_value_info("y", f32, [1, 12])],
+        initializer=[
+            numpy_helper.from_array(np.asarray(v, np.int64 if k == "batch" else np.float32), k)
+            for k, v in {**weights, **constants}.items()
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    trainable = ["w_offset", "w", "b", "grid"]
+    model = training.attach(
+        model,
+        loss="mse",
+        target="t",
+        optimizer=onnx_optax.adam(0.03),
+        trainable=trainable,
+    )
+    session = training.Session(model)
+    batch = {
+        "x": rng.standard_normal((1, 2, 6, 6)).astype(np.float32),
+        "t": rng.standard_normal((1, 12)).astype(np.float32),
+    }
+    losses = [float(session.step(batch)["loss"]) for _ in range(30)]
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.5 * losses[0], losses

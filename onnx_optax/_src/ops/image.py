@@ -6,6 +6,11 @@ with antialias and ``exclude_outside``) are computed on the host from the
 output shape, so the output shape, and with it ``scales``, ``sizes`` and
 ``roi``, must be known while tracing: XLA compiles static shapes. The gather is
 differentiable in the input, so a Resize trains like any other op.
+
+GridSample samples at traced points (the grid): the taps of all points are
+gathered at once (:func:`sample_taps`, also DeformConv's and RoiAlign's in
+``spatial``), differentiable in X and in the grid. AffineGrid transforms a base
+grid, computed on the host from the static size, by theta.
 """
 
 from __future__ import annotations
@@ -407,6 +412,8 @@ def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool)
         weight = weight * w.reshape(shape)
     count = math.prod(index.shape[-1] for index, _ in taps)
     check_size(node, [b, c, q, count], data.dtype, "gathered taps")
+    if math.prod(spatial) == 0:  # every tap is outside an empty input
+        return jnp.zeros((b, c, q), data.dtype)
     values = jnp.take_along_axis(
         data.reshape(b, c, -1), flat.reshape(b, 1, q * count), axis=2, mode="clip"
     ).reshape(b, c, q, count)
@@ -450,6 +457,8 @@ def _grid_sample(node: Node, x: Any, grid: Any) -> Any:
     """
     mode, padding, align = _grid_attrs(node)
     _grid_shapes(node, x, grid)
+    if np.issubdtype(np.dtype(x.dtype), np.complexfloating) or np.dtype(x.dtype).kind in "OSU":
+        raise TypeError(f"{node.where}: GridSample of X of type {x.dtype} is not supported")
     n, c, *spatial = x.shape
     out_spatial = list(grid.shape[1:-1])
     dtype = _canonical(x.dtype)

@@ -271,6 +271,8 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
             f"{list(np.shape(batch_indices))} must be (num_rois, 4) and (num_rois,)"
         )
     n, c, h, w = x.shape
+    if h * w == 0 and r:
+        raise ValueError(f"{node.where}: X of shape {list(x.shape)} has no pixels to sample")
     dtype = _canonical(x.dtype)
     check_size(node, [r, c, out_h, out_w], dtype)
     if r == 0 or c == 0:
@@ -297,6 +299,8 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
         grid = xp.ceil(length / bins)
         # the points per bin are set by the rois: known ones give the most any needs, traced
         # ones get room for a roi as large as X, a larger one is refused after the run
+        if xp is np and not np.all(np.isfinite(grid)):
+            raise ValueError(f"{node.where}: rois {np.asarray(rois).tolist()} are not finite")
         bound = int(np.max(grid)) if xp is np else -(-size // bins)
         most.append(max(bound, 1))
         check_at_run(
@@ -307,6 +311,8 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
             grid.astype(np.int32),
         )
         grids.append(grid)
+    shape = [r, out_h, most[0], 2, out_w, most[1], 2]
+    check_size(node, [*shape, c], dtype, "sampled pixels")
     grid_h, grid_w = (jnp.asarray(g) for g in grids)
     rows, row_w, row_ok = _roi_axis(
         jnp.asarray(start_h), jnp.asarray(length_h), out_h, grid_h, most[0], h
@@ -314,8 +320,6 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
     cols, col_w, col_ok = _roi_axis(
         jnp.asarray(start_w), jnp.asarray(length_w), out_w, grid_w, most[1], w
     )
-    shape = [r, out_h, most[0], 2, out_w, most[1], 2]
-    check_size(node, [*shape, c], dtype, "sampled pixels")
     where = rows[:, :, :, :, None, None, None] * w + cols[:, None, None, None]
     weight = row_w[:, :, :, :, None, None, None] * col_w[:, None, None, None]
     first = jnp.asarray(batch_indices).astype(np.int32).clip(0, n - 1) * (h * w)
