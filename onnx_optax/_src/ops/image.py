@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -414,13 +415,18 @@ def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool)
     check_size(node, [b, c, q, count], data.dtype, "gathered taps")
     if math.prod(spatial) == 0:  # every tap is outside an empty input
         return jnp.zeros((b, c, q), data.dtype)
-    values = jnp.take_along_axis(
-        data.reshape(b, c, -1), flat.reshape(b, 1, q * count), axis=2, mode="clip"
-    ).reshape(b, c, q, count)
-    weight = weight.reshape(b, 1, q, count)
+    # channels last: each tap gathers one contiguous row of C values (and its gradient
+    # scatters one), not C separate elements
+    rows = jnp.moveaxis(data.reshape(b, c, -1), 1, 2)  # (B, S, C)
+    values = jax.vmap(lambda d, i: jnp.take(d, i, axis=0, mode="clip"))(
+        rows, flat.reshape(b, q * count)
+    ).reshape(b, q, count, c)
+    weight = weight.reshape(b, q, count, 1)
     if exact:
-        return jnp.where(weight > 0, values, jnp.zeros((), values.dtype)).sum(axis=3)
-    return (values * weight.astype(values.dtype)).sum(axis=3)
+        picked = jnp.where(weight > 0, values, jnp.zeros((), values.dtype)).sum(axis=2)
+    else:
+        picked = (values * weight.astype(values.dtype)).sum(axis=2)
+    return jnp.moveaxis(picked, 2, 1)
 
 
 def _work_dtype(*dtypes: Any) -> np.dtype:

@@ -88,9 +88,10 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
     inside = np.all((at >= 0) & (at < np.asarray(image)), axis=-1).reshape(-1)
     source = np.flatnonzero(inside)
     target = np.ravel_multi_index(tuple(at.reshape(-1, rank)[inside].T), image)
-    values = jnp.asarray(x).reshape(n, c, k * length)[:, :, source]
-    out = jnp.zeros((n, c, math.prod(image)), dtype).at[:, :, target].add(values)
-    return out.reshape(n, c, *image)
+    # positions first: each block element moves one contiguous row of N x C values
+    rows = jnp.moveaxis(jnp.asarray(x).reshape(n, c, k * length), 2, 0)[source]
+    out = jnp.zeros((math.prod(image), n, c), dtype).at[target].add(rows)
+    return jnp.moveaxis(out, 0, 2).reshape(n, c, *image)
 
 
 # ----------------------------------------------------------------------------- DeformConv
