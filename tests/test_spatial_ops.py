@@ -422,3 +422,15 @@ def test_training_through_deform_conv_grid_sample_and_roi_align() -> None:
     losses = [float(session.step(batch)["loss"]) for _ in range(30)]
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_half_precision_inputs_are_computed_in_float32() -> None:
+    feeds = grid_feeds((4, 5), (3, 4))
+    half = {k: v.astype(np.float16) for k, v in feeds.items()}
+    model = node_model("GridSample", half, mode="cubic", padding_mode="border")
+    (got,) = backend.prepare(model).run(half)
+    wide = {k: v.astype(np.float32) for k, v in half.items()}
+    reference = node_model("GridSample", wide, mode="cubic", padding_mode="border")
+    (expected,) = ReferenceEvaluator(reference).run(None, wide)
+    assert np.asarray(got).dtype == np.float16
+    np.testing.assert_allclose(np.asarray(got, np.float32), expected, rtol=2e-3, atol=2e-3)
