@@ -177,6 +177,7 @@ def test_affine_grid_matches_reference(size: list[int], align: int) -> None:
         ((5, 6, 3), [8, 3], [0, 1]),
         ((4, 7, 2), [5, 2], [-1, 0]),
         ((3, 3), [0, 6], None),
+        ((), [], None),
     ],
 )
 def test_center_crop_pad_matches_reference(

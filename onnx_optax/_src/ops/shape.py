@@ -404,7 +404,8 @@ def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
         elif size > dim:
             before = (size - dim) // 2
             widths[axis] = (before, size - dim - before)
-    return _xp(x).pad(x[tuple(crop)], widths)
+    cropped = x[tuple(crop)]
+    return _xp(x).pad(cropped, widths) if any(w != (0, 0) for w in widths) else cropped
 
 
 def _blocks(node: Node, x: Any) -> tuple[int, int, int, int, int]:
