@@ -109,10 +109,10 @@ def test_grid_sample_matches_reference(mode: str, padding: str, align: int) -> N
     check_against_reference(model, feeds)
 
 
-@pytest.mark.parametrize("mode", ["linear", "nearest"])
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
 @pytest.mark.parametrize("padding", ["zeros", "reflection"])
 def test_grid_sample_5d_matches_reference(mode: str, padding: str) -> None:
-    feeds = grid_feeds((3, 4, 5), (2, 2, 3))
+    feeds = grid_feeds((3, 4, 5), (2, 1, 3))
     model = node_model(
         "GridSample", feeds, rank=5, mode=mode, padding_mode=padding, align_corners=1
     )
@@ -249,6 +249,44 @@ def test_deform_conv_matches_reference(
         "DeformConv", feeds, group=group, offset_group=offset_group, kernel_shape=[2, 3], **attrs
     )
     check_against_reference(model, feeds, tol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("spatial", "kernel", "attrs"),
+    [
+        ((7,), (3,), {"pads": [1, 2], "strides": [2]}),
+        ((4, 5, 3), (2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1], "dilations": [1, 1, 2]}),
+    ],
+)
+def test_deform_conv_without_offsets_is_onnxruntime_conv(
+    spatial: tuple[int, ...], kernel: tuple[int, ...], attrs: dict
+) -> None:
+    """1-D and 3-D (onnx's reference has 2-D alone): zero offsets are a Conv."""
+    ort = pytest.importorskip("onnxruntime")
+    out = [
+        (n + attrs["pads"][i] + attrs["pads"][i + len(spatial)] - (k - 1) * d - 1) // s + 1
+        for i, (n, k, d, s) in enumerate(
+            zip(
+                spatial,
+                kernel,
+                attrs.get("dilations", [1] * len(spatial)),
+                attrs.get("strides", [1] * len(spatial)),
+                strict=True,
+            )
+        )
+    ]
+    x = RNG.standard_normal((2, 4, *spatial)).astype(np.float32)
+    w = RNG.standard_normal((6, 2, *kernel)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32)
+    offset = np.zeros((2, 2 * int(np.prod(kernel)) * len(kernel), *out), np.float32)
+    feeds = {"x": x, "w": w, "offset": offset, "b": b}
+    rank = 2 + len(spatial)
+    model = node_model("DeformConv", feeds, rank=rank, group=2, offset_group=2, **attrs)
+    (got,) = backend.prepare(model).run(feeds)
+    conv = node_model("Conv", {"x": x, "w": w, "b": b}, rank=rank, opset=18, group=2, **attrs)
+    session = ort.InferenceSession(conv.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"x": x, "w": w, "b": b})
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_deform_conv_gradient() -> None:
