@@ -473,3 +473,29 @@ def test_half_precision_inputs_are_computed_in_float32() -> None:
     (expected,) = ReferenceEvaluator(reference).run(None, wide)
     assert np.asarray(got).dtype == np.float16
     np.testing.assert_allclose(np.asarray(got, np.float32), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("op", "feeds", "shape"),
+    [
+        (
+            "DeformConv",
+            {"x": (0, 1, 3, 3), "w": (1, 1, 1, 1), "offset": (0, 2, 3, 3)},
+            (0, 1, 3, 3),
+        ),
+        (
+            "DeformConv",
+            {"x": (1, 0, 3, 3), "w": (2, 0, 1, 1), "offset": (1, 2, 3, 3)},
+            (1, 2, 3, 3),
+        ),
+        ("GridSample", {"x": (0, 2, 3, 3), "grid": (0, 2, 2, 2)}, (0, 2, 2, 2)),
+        ("GridSample", {"x": (1, 2, 0, 3), "grid": (1, 2, 2, 2)}, (1, 2, 2, 2)),
+        ("RoiAlign", {"x": (1, 2, 3, 3), "rois": (0, 4), "b": (0,)}, (0, 2, 1, 1)),
+    ],
+)
+def test_empty_inputs_give_zeros(op: str, feeds: dict, shape: tuple[int, ...]) -> None:
+    """An empty batch or channel axis, or a point sampled from an empty X, reads 0."""
+    values = {k: np.zeros(s, np.int64 if k == "b" else np.float32) for k, s in feeds.items()}
+    (got,) = backend.prepare(node_model(op, values)).run(values)
+    assert np.asarray(got).shape == shape
+    assert not np.asarray(got).any()

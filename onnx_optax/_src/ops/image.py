@@ -413,11 +413,11 @@ def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool)
         weight = weight * w.reshape(shape)
     count = math.prod(index.shape[-1] for index, _ in taps)
     check_size(node, [b, c, q, count], data.dtype, "gathered taps")
-    if math.prod(spatial) == 0:  # every tap is outside an empty input
+    if math.prod([b, c, q, *spatial]) == 0:  # nothing to pick, or every tap outside X
         return jnp.zeros((b, c, q), data.dtype)
     # channels last: each tap gathers one contiguous row of C values (and its gradient
     # scatters one), not C separate elements
-    rows = jnp.moveaxis(data.reshape(b, c, -1), 1, 2)  # (B, S, C)
+    rows = jnp.moveaxis(data.reshape(b, c, math.prod(spatial)), 1, 2)  # (B, S, C)
     values = jax.vmap(lambda d, i: jnp.take(d, i, axis=0, mode="clip"))(
         rows, flat.reshape(b, q * count)
     ).reshape(b, q, count, c)

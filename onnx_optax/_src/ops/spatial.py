@@ -97,8 +97,10 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
 # ----------------------------------------------------------------------------- DeformConv
 
 
-def _deform_geometry(node: Node, x: Any, w: Any) -> tuple[list[int], list[int], list[int]]:
-    """The kernel, the output's spatial sizes and the begin pads of a DeformConv."""
+def _deform_geometry(
+    node: Node, x: Any, w: Any
+) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """The kernel, the output's spatial sizes, strides, dilations and begin pads."""
     if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
         raise ValueError(
             f"{node.where}: DeformConv needs X (N, C, ...) and W of the same rank, got shapes "
@@ -120,7 +122,7 @@ def _deform_geometry(node: Node, x: Any, w: Any) -> tuple[list[int], list[int], 
                 f"of shape {list(x.shape)} padded by {pads}"
             )
         out.append((padded - span) // s + 1)
-    return kernel, out, pads[:rank]
+    return kernel, out, strides, dilations, pads[:rank]
 
 
 def _deform_points(
@@ -147,10 +149,8 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
     into ``group`` groups as in Conv.
     """
     _same_dtype(node, x, w, offset, b, mask)
-    kernel, out, begin = _deform_geometry(node, x, w)
+    kernel, out, strides, dilations, begin = _deform_geometry(node, x, w)
     rank, k, p = len(kernel), math.prod(kernel), math.prod(out)
-    strides = _attr_ints(node, "strides", rank, 1, 1)
-    dilations = _attr_ints(node, "dilations", rank, 1, 1)
     group = _group(node)
     groups = int(node.get("offset_group", 1))
     n, c, *spatial = x.shape
@@ -175,6 +175,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
     dtype = _canonical(x.dtype)
     check_size(node, [n, m, *out], dtype)
     check_size(node, [n, c, k, p], dtype, "sampled columns")
+    check_size(node, [k, p, rank], np.float64, "sampling points")
     work = _work_dtype(x.dtype)
     points = _deform_points(kernel, out, strides, dilations, begin)  # (K, P, r)
     moves = jnp.asarray(offset).astype(work).reshape(n * groups, k, rank, p)
