@@ -366,12 +366,14 @@ def grid_taps(x: Any, size: int, mode: str, padding: str, align: bool) -> tuple[
     align_corners, else ``[-0.5, size-0.5]``) by the padding mode (border clamps,
     reflection reflects; nearest rounds half to even first), then each tap outside
     the axis reads 0 (zeros), the nearest pixel (border) or its reflection.
+    Cubic with border clamps the taps alone, as onnxruntime and PyTorch do (onnx's
+    reference clamps the coordinate too, which moves the taps' weights).
     """
     lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
     if mode == "nearest":
         x = jnp.round(x)
     outside = (x < lo) | (x > hi)
-    if padding == "border":
+    if padding == "border" and mode != "cubic":
         x = jnp.where(outside, jnp.clip(x, 0, size - 1), x)
     elif padding == "reflection":
         x = _reflect(x, lo, hi)
