@@ -334,6 +334,19 @@ def test_roi_align_matches_reference(mode: str, coordinates: str, ratio: int) ->
     check_against_reference(model, feeds)
 
 
+def test_roi_align_many_points_per_bin() -> None:
+    """Traced rois up to all of a 40 x 40 X in 2 x 2 bins: up to 20 x 20 points per bin, averaged
+    through the rows and columns of X (no gather of every point)."""
+    x = RNG.standard_normal((2, 3, 40, 40)).astype(np.float32)
+    rois = np.array([[0, 0, 40, 40], [3.5, 1.2, 30.1, 38.7], [10, 20, 12, 21]], np.float32)
+    feeds = {"x": x, "rois": rois, "batch": np.array([1, 0, 1], np.int64)}
+    for ctm in ("half_pixel", "output_half_pixel"):
+        model = node_model(
+            "RoiAlign", feeds, output_height=2, output_width=2, coordinate_transformation_mode=ctm
+        )
+        check_against_reference(model, feeds)
+
+
 def test_roi_align_known_rois() -> None:
     """rois of a Constant: the points per bin counted while tracing (rois beyond X too)."""
     feeds = roi_feeds()

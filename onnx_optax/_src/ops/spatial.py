@@ -5,7 +5,9 @@ block element is computed on the host from the static shapes, and one
 scatter-add puts them in place. DeformConv and RoiAlign sample their input
 bilinearly at traced points: the taps of every point are gathered at once
 (``image.sample_taps``, no loop over output positions) and weighted, so both
-are differentiable in the input and in the points' coordinates.
+are differentiable in the input and in the points' coordinates. RoiAlign's
+average over many points per bin (``sampling_ratio`` 0) is separable: per roi,
+a weight matrix over X's rows and one over its columns, no gather of each point.
 """
 
 from __future__ import annotations
@@ -253,6 +255,52 @@ def _roi_axis(
     return index, weights, exists
 
 
+def _roi_pool_gathered(
+    mode: str, x: Any, batch: Any, rows: Any, cols: Any, grid_h: Any, grid_w: Any
+) -> Any:
+    """avg or max over every bin's points, each point's four weighted pixels gathered."""
+    (row_at, row_w, row_ok), (col_at, col_w, col_ok) = rows, cols
+    n, c, h, w = x.shape
+    r = row_at.shape[0]
+    where = row_at[:, :, :, :, None, None, None] * w + col_at[:, None, None, None]
+    weight = row_w[:, :, :, :, None, None, None] * col_w[:, None, None, None]
+    pixels = x.transpose(0, 2, 3, 1).reshape(n * h * w, c)  # rows of channels
+    first = batch.reshape(r, 1, 1, 1, 1, 1, 1) * (h * w)
+    values = pixels[(first + where).reshape(r, -1)].reshape(*where.shape, c)
+    values = values * weight[..., None]
+    exists = (row_ok[:, :, :, None, None] & col_ok[:, None, None, :, :])[..., None]
+    if mode == "avg":
+        count = jnp.maximum(grid_h * grid_w, 1).astype(x.dtype).reshape(r, 1, 1, 1)
+        y = jnp.where(exists, values.sum(axis=(3, 6)), 0).sum(axis=(2, 4)) / count
+    else:
+        best = jnp.where(exists, values.max(axis=(3, 6)), -jnp.inf).max(axis=(2, 4))
+        y = jnp.where(jnp.any(exists, axis=(2, 4)), best, 0)
+    return y.transpose(0, 3, 1, 2)
+
+
+def _axis_weights(at: Any, weights: Any, exists: Any, grid: Any, size: int) -> Any:
+    """``(R, bins, size)``: each pixel's weight summed over a bin's points, over their count."""
+    r, bins, _, _ = at.shape
+    share = jnp.where(exists[..., None], weights, 0) / jnp.maximum(grid, 1).reshape(r, 1, 1, 1)
+    roi = jnp.arange(r, dtype=np.int32).reshape(r, 1, 1, 1)
+    row = jnp.arange(bins, dtype=np.int32).reshape(1, bins, 1, 1)
+    return jnp.zeros((r, bins, size), share.dtype).at[roi, row, at].add(share)
+
+
+def _roi_average_separable(
+    x: Any, batch: Any, rows: Any, cols: Any, grid_h: Any, grid_w: Any
+) -> Any:
+    """avg as ``A_h[r] @ X[batch[r], c] @ A_w[r]^T``: a point's weight is its row's weight times
+    its column's (the points form a grid, one outside X when its row or column is), so the
+    average needs no gather of every point (a bin of many points, sampling_ratio 0)."""
+    n = x.shape[0]
+    along_h = _axis_weights(rows[0], rows[1], rows[2], grid_h, x.shape[2])  # (R, out_h, H)
+    along_w = _axis_weights(cols[0], cols[1], cols[2], grid_w, x.shape[3])  # (R, out_w, W)
+    pick = (batch[:, None] == jnp.arange(n, dtype=np.int32)).astype(x.dtype)  # (R, N)
+    weighted = jnp.einsum("rph,rn,nchw->rcpw", along_h, pick, x, precision="highest")
+    return jnp.einsum("rcpw,rqw->rcpq", weighted, along_w, precision="highest")
+
+
 @register("RoiAlign")
 def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
     """Per roi and output bin, the average (or max) of bilinear samples on a regular grid.
@@ -313,28 +361,18 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
             grid.astype(np.int32),
         )
         grids.append(grid)
-    shape = [r, out_h, most[0], 2, out_w, most[1], 2]
-    check_size(node, [*shape, c], dtype, "sampled pixels")
+    check_size(node, [r, max(out_h, out_w), max(most), 2], work, "sampling points")
     grid_h, grid_w = (jnp.asarray(g) for g in grids)
-    rows, row_w, row_ok = _roi_axis(
-        jnp.asarray(start_h), jnp.asarray(length_h), out_h, grid_h, most[0], h
-    )
-    cols, col_w, col_ok = _roi_axis(
-        jnp.asarray(start_w), jnp.asarray(length_w), out_w, grid_w, most[1], w
-    )
-    where = rows[:, :, :, :, None, None, None] * w + cols[:, None, None, None]
-    weight = row_w[:, :, :, :, None, None, None] * col_w[:, None, None, None]
-    first = jnp.asarray(batch_indices).astype(np.int32).clip(0, n - 1) * (h * w)
-    pixels = jnp.asarray(x).astype(work).transpose(0, 2, 3, 1).reshape(n * h * w, c)
-    values = pixels[(first.reshape(r, 1, 1, 1, 1, 1, 1) + where).reshape(r, -1)]
-    values = values.reshape(*shape, c) * weight[..., None]
-    exists = (row_ok[:, :, :, None, None] & col_ok[:, None, None, :, :])[..., None]
-    if mode == "avg":
-        count = jnp.maximum(grid_h * grid_w, 1).astype(work).reshape(r, 1, 1, 1)
-        total = jnp.where(exists, values.sum(axis=(3, 6)), 0).sum(axis=(2, 4))
-        y = total / count
+    rows = _roi_axis(jnp.asarray(start_h), jnp.asarray(length_h), out_h, grid_h, most[0], h)
+    cols = _roi_axis(jnp.asarray(start_w), jnp.asarray(length_w), out_w, grid_w, most[1], w)
+    data = jnp.asarray(x).astype(work)
+    batch = jnp.asarray(batch_indices).astype(np.int32).clip(0, n - 1)
+    gathered = r * out_h * most[0] * 4 * out_w * most[1] * c
+    separable = r * c * out_h * w + r * n * out_h * h
+    if mode == "avg" and gathered > 4 * separable:  # many points per bin: X's rows weighted
+        check_size(node, [r, c, out_h, w], work, "weighted rows")
+        y = _roi_average_separable(data, batch, rows, cols, grid_h, grid_w)
     else:
-        best = values.max(axis=(3, 6))
-        y = jnp.where(exists, best, -jnp.inf).max(axis=(2, 4))
-        y = jnp.where(jnp.any(exists, axis=(2, 4)), y, 0)
-    return y.transpose(0, 3, 1, 2).astype(dtype)
+        check_size(node, [r, out_h, most[0], 2, out_w, most[1], 2, c], work, "sampled pixels")
+        y = _roi_pool_gathered(mode, data, batch, rows, cols, grid_h, grid_w)
+    return y.astype(dtype)
