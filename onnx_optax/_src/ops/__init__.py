@@ -13,7 +13,9 @@ imports every family, so whoever reads the registry sees them all.
   ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
   Range, OneHot, EyeLike, ReverseSequence, TensorScatter, Upsample
 - ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd, Det
-- ``image``: Resize
+- ``image``: Resize, GridSample, AffineGrid
+- ``spatial``: Col2Im, DeformConv, RoiAlign (pixels moved by index, sampled at
+  traced points)
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
@@ -52,6 +54,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     reductions,
     shape,
     signal,
+    spatial,
 )
 from onnx_optax._src.ops.arrays import (
     NotStaticError,

@@ -2,8 +2,8 @@
 
 Shape, Size, Reshape, Flatten, Transpose, Squeeze/Unsqueeze, Concat, Split,
 Slice, Gather/GatherElements/GatherND, ScatterND/ScatterElements, Expand, Tile,
-Pad, DepthToSpace/SpaceToDepth, Trilu, ReverseSequence, TensorScatter, Upsample
-(Resize of opset 10), and Identity, Constant, ConstantOfShape, Range, OneHot,
+Pad, CenterCropPad, DepthToSpace/SpaceToDepth, Trilu, ReverseSequence, TensorScatter,
+Upsample (Resize of opset 10), and Identity, Constant, ConstantOfShape, Range, OneHot,
 EyeLike. Shape-valued inputs are static
 (``register(..., static=...)``), and these ops compute with numpy on static
 values, so shape arithmetic folds while tracing. A new op that moves, cuts or
@@ -373,6 +373,42 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     if mode not in ("reflect", "edge", "wrap"):
         raise ValueError(f"{node.where}: unknown mode {mode!r}")
     return xp.pad(x, widths_, mode=mode)
+
+
+@register("CenterCropPad", static=(1,))
+def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
+    """Each of ``axes`` cut or zero-padded to its size in ``shape``, centred.
+
+    An axis of ``d`` cut to ``s < d`` keeps ``[(d - s) // 2, (d - s) // 2 + s)``;
+    one padded to ``s > d`` gets ``(s - d) // 2`` zeros before and the rest after.
+    """
+    rank = np.ndim(x)
+    given = node.get("axes")
+    axes = list(range(rank)) if given is None else list(_axes(given, rank, node.where))
+    sizes = _ints(shape)
+    if len(sizes) != len(axes):
+        raise ValueError(
+            f"{node.where}: shape {sizes} holds {len(sizes)} sizes for {len(axes)} axes "
+            f"({axes}) of an input of shape {list(np.shape(x))}"
+        )
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"{node.where}: shape {sizes} holds a negative size")
+    out = list(np.shape(x))
+    for axis, size in zip(axes, sizes, strict=True):
+        out[axis] = size
+    check_size(node, out, x.dtype)
+    crop = [slice(None)] * rank
+    widths = [(0, 0)] * rank
+    for axis, size in zip(axes, sizes, strict=True):
+        dim = x.shape[axis]
+        if size < dim:
+            start = (dim - size) // 2
+            crop[axis] = slice(start, start + size)
+        elif size > dim:
+            before = (size - dim) // 2
+            widths[axis] = (before, size - dim - before)
+    cropped = x[tuple(crop)]
+    return _xp(x).pad(cropped, widths) if any(w != (0, 0) for w in widths) else cropped
 
 
 def _blocks(node: Node, x: Any) -> tuple[int, int, int, int, int]:
