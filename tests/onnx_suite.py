@@ -48,14 +48,6 @@ EXCLUDED: dict[str, str] = {
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
     r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",
-    r"^test_(hann|hamming|blackman)window(_symmetric)?_expanded$": (
-        "the window's size, a graph input, reaches Range (a shape read while tracing) through "
-        "Cast and Sub; a graph input is a compile-time value only where an op reads it directly"
-    ),
-    r"^test_(affine_grid_\w+|center_crop_pad_\w+)_expanded$": (
-        "the function computes a shape (Expand's, Range's, Pad's) from the fed size input, "
-        "which is traced; the op itself reads it as a static shape"
-    ),
 }
 
 

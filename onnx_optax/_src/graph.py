@@ -95,8 +95,9 @@ GRADIENT_WORK = 3
 # Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
 # node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
 MAX_SUBGRAPH_DEPTH = 16
-# A graph input of at most this many elements (declared) that a Loop's trip count or
-# condition is computed from is read as a compile-time value (see _small_sources).
+# A graph input of at most this many elements (declared) that a shape, an axis, or a
+# Loop's trip count or condition is computed from is read as a compile-time value
+# (see _small_sources).
 SMALL_SOURCE = 16
 
 Env = dict[str, Any]
@@ -878,9 +879,12 @@ class GraphFunction:
     # -- structure
 
     def _small_sources(self, graph: Any) -> set[str]:
-        """Graph inputs of at most SMALL_SOURCE elements that a Loop's trip count or
-        condition is computed from (test_range's expanded form: M from start, limit and
-        delta): read as compile-time values, so that the loop compiles to a scan."""
+        """Graph inputs of at most SMALL_SOURCE elements (declared) that an input read
+        while tracing is computed from: a Loop's trip count or condition (test_range's
+        expanded form: M from start, limit and delta), a shape or an axis (a window's
+        size through Cast and Sub, AffineGrid's size through Slice). Read as
+        compile-time values, as a shape fed directly is: one compilation per value, the
+        loop a scan, the shape arithmetic folded."""
         declared: dict[str, int] = {}
         for info in graph.input:
             kind = info.type.tensor_type
@@ -890,7 +894,7 @@ class GraphFunction:
             step.inputs[p]
             for step in self._steps.values()
             if isinstance(step, _StandardStep)
-            for p in step.op.prefer_static
+            for p in (*step.op.static, *step.op.prefer_static)
             if p < len(step.inputs) and step.inputs[p]
         ]
         found: set[str] = set()
