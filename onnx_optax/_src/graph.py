@@ -227,6 +227,7 @@ REPLAY_HOST_LIMIT = 1024
 # and its host inputs' values while tracing, as the registry's ops are.
 UNREPLAYED = frozenset(
     (
+        "Dropout",  # draws from the step's key (random_keys), read when it is called
         "RandomNormalLike",
         "RandomUniformLike",
         "Bernoulli",

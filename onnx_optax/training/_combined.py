@@ -436,12 +436,17 @@ class Inference:
 
     The bound initializers (``bound``: name to stored dtype) are inputs of the
     function, not constants, so a step that changes them needs no new
-    compilation; the other initializers are constants. Only the feeds and
+    compilation; the other initializers are constants (those in ``replaced``
+    with its value). Only the feeds and
     bound initializers the outputs need are inputs.
     """
 
     def __init__(
-        self, model: onnx.ModelProto, bound: Mapping[str, np.dtype], outputs: Sequence[str]
+        self,
+        model: onnx.ModelProto,
+        bound: Mapping[str, np.dtype],
+        outputs: Sequence[str],
+        replaced: Mapping[str, onnx.TensorProto] | None = None,
     ) -> None:
         main = model.graph
         initializers = {i.name for i in main.initializer}
@@ -450,7 +455,8 @@ class Inference:
             value_info(n, int(helper.np_dtype_to_tensor_dtype(dtype)), None)
             for n, dtype in bound.items()
         ]
-        constants = [i for i in main.initializer if i.name not in bound]
+        replaced = replaced or {}  # initializers inference reads otherwise (Dropout's switch)
+        constants = [replaced.get(i.name, i) for i in main.initializer if i.name not in bound]
 
         def function(inputs: list[onnx.ValueInfoProto]) -> GraphFunction:
             graph = helper.make_graph(
