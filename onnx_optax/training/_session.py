@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,6 +41,24 @@ from onnx_optax.training._rate import Rate, scale_reaching
 
 SHARDED_BYTES = 1024
 """With ``shard_parameters=True``, the smallest array split over the devices (1 KiB)."""
+
+
+def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, calling its object through a weak reference.
+
+    A jitted function the session holds then does not hold the session: with no
+    cycle, ``del session`` frees its state at once, not at the next garbage
+    collection (a model of a few GiB otherwise lingers beside the next session).
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        assert bound is not None  # its session runs it
+        return bound(*args)
+
+    call.__name__ = call.__qualname__ = method.__name__
+    return call
 
 
 class Session:
@@ -194,9 +213,10 @@ class Session:
         # Every entry in one compiled function (one trace and one XLA compile per feed
         # signature, however many entries), the state donated; the run-time checks
         # (indices and labels only known then) alone in another, run first.
-        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **step_shard)
-        self._checks = jax.jit(flattened(lambda *a: self._step_all(*a)[2]), **shard)
-        self._evaluate = jax.jit(flattened(self._evaluate_all), **shard)
+        step_all, evaluate_all = _weak(self._step_all), _weak(self._evaluate_all)
+        self._step = jax.jit(flattened(step_all), donate_argnums=0, **step_shard)
+        self._checks = jax.jit(flattened(lambda *a: step_all(*a)[2]), **shard)
+        self._evaluate = jax.jit(flattened(evaluate_all), **shard)
         # The feed signatures traced for a step: whether their ops check at run time.
         self._checked: dict[Any, bool] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
