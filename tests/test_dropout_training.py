@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import backend, training
+from onnx_optax._src import random_keys
 from onnx_optax._src.graph import GraphFunction
 
 
@@ -234,3 +235,20 @@ def test_dropout_needs_opset_12() -> None:
     del model.graph.node[0].input[1:]
     with pytest.raises(ValueError, match=r"opset 11.*training_mode"):
         training.attach(model, loss="mse", target="t", optimizer=onnx_optax.adam(0.1), dropout=True)
+
+
+def test_two_unnamed_dropout_nodes_of_one_input_draw_independent_masks() -> None:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Dropout", ["x", "", "t"], ["a", "ma"]),
+            helper.make_node("Dropout", ["x", "", "t"], ["b", "mb"]),
+        ],
+        "twins",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4000])],
+        [helper.make_tensor_value_info(n, TensorProto.BOOL, [4000]) for n in ("ma", "mb")],
+        initializer=[numpy_helper.from_array(np.asarray(True), "t")],
+    )
+    with random_keys.step_key(jax.random.key(0), "the test"):  # (its shapes are traced too)
+        function = GraphFunction(graph)
+        first, second = (np.asarray(m) for m in function.apply({"x": X[:4000]}))
+    assert within_binomial(int((first != second).sum()), 4000, 0.5)

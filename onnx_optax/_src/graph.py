@@ -330,6 +330,7 @@ class _StandardStep(_Step):
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
             inputs=self.inputs,
+            outputs=self.outputs,
         )
         if op.check is not None:
             with node_errors(self.where):

@@ -3,7 +3,8 @@
 A :class:`training.Session` made with ``seed=`` sets :func:`step_key` around
 each step it traces: ``fold_in(key(seed), T)``, T the step's count. An op draws
 with :func:`node_key`, ``fold_in(step key, crc32(node name))``, so a mask is a
-pure function of (seed, T, node): the same in an uninterrupted run and in one
+pure function of (seed, T, node), the node known by its description and first
+output name (unique in a graph): the same in an uninterrupted run and in one
 saved and resumed at T, the same in the forward pass and in each Gradient that
 runs the node again, and different for two nodes of one step.
 """
@@ -48,6 +49,6 @@ def current() -> StepKey | None:
     return _STEP_KEY.get()
 
 
-def node_key(key: Any, where: str) -> Any:
-    """``fold_in(key, crc32(where))``: a key of its own for the node ``where`` names."""
-    return jax.random.fold_in(key, zlib.crc32(where.encode()) & 0x7FFFFFFF)
+def node_key(key: Any, node: str) -> Any:
+    """``fold_in(key, crc32(node))``: a key of its own for the node the text ``node`` names."""
+    return jax.random.fold_in(key, zlib.crc32(node.encode()) & 0x7FFFFFFF)

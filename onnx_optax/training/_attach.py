@@ -268,7 +268,11 @@ def attach(
 
     chosen = chosen_plan.trained
     if compute_dtype is not None:
-        if np.dtype(compute_dtype) != np.dtype(jax.numpy.bfloat16):
+        try:
+            wanted = np.dtype(compute_dtype)
+        except TypeError:
+            wanted = None
+        if wanted != np.dtype(jax.numpy.bfloat16):
             raise ValueError(f"compute_dtype must be 'bfloat16'; got {compute_dtype!r}")
         if master_dtype is not None:
             raise ValueError(

@@ -109,11 +109,12 @@ class Session:
         default's up to XLA's choices of fusion (bit-identical in our tests
         on CPU, not promised).
       seed: the seed of the random masks of Dropout nodes in training mode
-        (``training_mode`` true; see :func:`attach`'s ``dropout``). Node ``n``'s
-        mask at step T is drawn from ``fold_in(fold_in(key(seed), T), crc32(n's
-        name))``: a pure function of (seed, T, node), so a session saved at T
-        and resumed draws the masks an uninterrupted one draws, bit for bit,
-        and :meth:`evaluate` draws those of the next step. None (the default):
+        (``training_mode`` true; see :func:`attach`'s ``dropout``). A node's
+        mask at step T is drawn from ``fold_in(fold_in(key(seed), T), crc32(n))``,
+        ``n`` its description and first output name: a pure function of
+        (seed, T, node), so a session saved at T and resumed draws the masks
+        an uninterrupted one draws, bit for bit, and :meth:`evaluate` draws
+        those of the next step. None (the default):
         a training-mode Dropout node is refused when the step is traced.
 
     Several processes (hosts) are JAX's own business: call

@@ -902,7 +902,7 @@ def _dropout_key(node: Node) -> Any:
     inside a ``Session(seed=)``, else its ``seed`` attribute; else a ValueError."""
     step = random_keys.current()
     if step is not None and step.key is not None:
-        return random_keys.node_key(step.key, node.where)
+        return random_keys.node_key(step.key, f"{node.where} -> {node.outputs[0]}")
     if step is not None:
         raise ValueError(
             f"{node.where}: Dropout runs in training mode (training_mode is true), which draws "
