@@ -252,3 +252,35 @@ def test_two_unnamed_dropout_nodes_of_one_input_draw_independent_masks() -> None
         function = GraphFunction(graph)
         first, second = (np.asarray(m) for m in function.apply({"x": X[:4000]}))
     assert within_binomial(int((first != second).sum()), 4000, 0.5)
+
+
+def exported_in_training_mode() -> onnx.ModelProto:
+    """``net`` as an exporter writes it in training mode: training_mode a stored True."""
+    model = net()
+    model.graph.node[0].input.append("training")
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(True), "training"))
+    return model
+
+
+def test_an_exporters_training_mode_trains_with_masks_and_infers_without() -> None:
+    model = training.attach(
+        exported_in_training_mode(), loss="mse", target="t", optimizer=onnx_optax.adam(0.01)
+    )
+    session = training.Session(model, seed=7)
+    w = session.initializers["w"]
+    session.step(FEEDS)
+    assert within_binomial(int((session.initializers["w"] != w).sum()), 64, 0.5)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_array_equal(session.run({"x": x})["y"], x * session.initializers["w"])
+    inference = session.to_inference_model()
+    assert not numpy_helper.to_array(
+        next(i for i in inference.graph.initializer if i.name == "training")
+    )
+
+
+def test_dropout_true_refuses_a_fed_training_mode() -> None:
+    model = net()
+    model.graph.node[0].input.append("mode")
+    model.graph.input.append(helper.make_tensor_value_info("mode", TensorProto.BOOL, []))
+    with pytest.raises(ValueError, match=r"node 'drop'.*reads training_mode from 'mode'"):
+        training.attach(model, loss="mse", target="t", optimizer=onnx_optax.adam(0.1), dropout=True)

@@ -239,3 +239,24 @@ def test_compute_dtype_refuses_what_it_cannot_rewrite() -> None:
         training.attach(
             model, loss="mse", target="t", optimizer=onnx_optax.adam(0.1), compute_dtype="bfloat16"
         )
+
+
+def test_loss_scaling_trains_float16_weights_without_masters() -> None:
+    model, feeds = tiny_gradients()
+    attached = training.attach(
+        model,
+        loss="mse",
+        target="t",
+        optimizer=onnx_optax.adam(0.05),
+        trainable=["W"],
+        loss_scale=2.0**15,
+    )
+    session = training.Session(attached)
+    before = session.initializers["W"]
+    assert before.dtype == F16
+    for _ in range(20):
+        session.step(feeds)
+    after = session.initializers["W"]
+    assert float32_loss(after.astype(np.float32), feeds) < 0.95 * float32_loss(
+        before.astype(np.float32), feeds
+    )
