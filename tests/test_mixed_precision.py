@@ -260,3 +260,36 @@ def test_loss_scaling_trains_float16_weights_without_masters() -> None:
     assert float32_loss(after.astype(np.float32), feeds) < 0.95 * float32_loss(
         before.astype(np.float32), feeds
     )
+
+
+def test_bfloat16_compute_keeps_what_an_op_takes_as_float32_only() -> None:
+    """Resize's scales are tensor(float) only: kept float32, the data computed in bfloat16."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "w"], ["h"]),
+            helper.make_node("Resize", ["h", "", "s"], ["y"]),
+        ],
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        initializer=[
+            numpy_helper.from_array(np.full((1, 1, 2, 2), 0.5, np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    attached = training.attach(
+        model,
+        loss="mse",
+        target="t",
+        optimizer=onnx_optax.adam(0.1),
+        compute_dtype="bfloat16",
+        trainable=["w"],  # (the plan calls it preprocessing: x * w)
+    )
+    stored = {i.name: i.data_type for i in attached.graph.initializer}
+    assert stored["s"] == TensorProto.FLOAT and stored["w.master"] == TensorProto.FLOAT
+    session = training.Session(attached)
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    loss = float(session.step({"x": x, "t": np.zeros((1, 1, 4, 4), np.float32)})["loss"])
+    # nearest resize of x * 0.5 (exact in bfloat16): the mean of 4 copies of each squared value
+    assert loss == np.mean((x * 0.5) ** 2)

@@ -8,6 +8,8 @@ bfloat16: stored initializers rounded to nearest even, ``Constant`` and
 Each trained weight ``W`` keeps its float32 value as the initializer
 ``W.master``, read through ``Cast(W.master) -> W``: the Gradient and the
 optimizer run on the float32 masters (as ``master_dtype`` does for 16-bit models).
+A stored value that every op reading it takes as float32 only (Resize's
+``scales``, by the op's schema) stays float32.
 """
 
 from __future__ import annotations
@@ -50,6 +52,36 @@ def _rewrite_node(node: onnx.NodeProto) -> None:
             )
 
 
+def _takes_bfloat16(node: onnx.NodeProto, position: int, opset: int) -> bool:
+    """Whether input ``position`` of ``node``'s schema (at ``opset``) allows bfloat16."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except onnx.defs.SchemaError:
+        return True  # no schema: left to the node's own check
+    if not schema.inputs:
+        return True
+    formal = schema.inputs[min(position, len(schema.inputs) - 1)]
+    allowed = next(
+        (
+            c.allowed_type_strs
+            for c in schema.type_constraints
+            if c.type_param_str == formal.type_str
+        ),
+        [formal.type_str],
+    )
+    return "tensor(bfloat16)" in allowed
+
+
+def _float32_only(graph: onnx.GraphProto, opset: int) -> set[str]:
+    """The tensors every reader of which takes float32 and not bfloat16 (Resize's scales)."""
+    takes: dict[str, set[bool]] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name:
+                takes.setdefault(name, set()).add(_takes_bfloat16(node, position, opset))
+    return {name for name, kinds in takes.items() if kinds == {False}}
+
+
 def _rename_everywhere(graph: onnx.GraphProto, old: str, new: str) -> None:
     for node in graph.node:
         node.input[:] = [new if n == old else n for n in node.input]
@@ -73,8 +105,11 @@ def to_bfloat16(model: onnx.ModelProto, trained: Sequence[str], names: Names) ->
             "compute_dtype='bfloat16' takes a float32 model; this one has "
             f"{sorted(TensorProto.DataType.Name(k) for k in other)} tensors"
         )
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    kept = _float32_only(graph, opset)  # stored values some op takes as float32 only
     for node in graph.node:
-        _rewrite_node(node)
+        if not set(node.output) <= kept or node.op_type not in ("Constant", "ConstantOfShape"):
+            _rewrite_node(node)
     begin: list[onnx.NodeProto] = []
     end: list[onnx.NodeProto] = []
     stored = {i.name for i in graph.initializer}
@@ -90,7 +125,7 @@ def to_bfloat16(model: onnx.ModelProto, trained: Sequence[str], names: Names) ->
             end.append(helper.make_node("Cast", [cast], [value.name], to=FLOAT))
     masters = {}
     for index, init in enumerate(graph.initializer):
-        if init.data_type != FLOAT:
+        if init.data_type != FLOAT or init.name in kept:
             continue
         if init.name in trained:
             master = names(f"{init.name}.master")
