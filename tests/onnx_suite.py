@@ -44,7 +44,9 @@ EXCLUDED: dict[str, str] = {
     r"^test_cast(like)?_.*_to_FLOAT8E8M0(_expanded)?$": (
         "casts to FLOAT8E8M0 (its rounding modes) are not implemented"
     ),
-    r"^test_training_dropout": "Dropout in training mode (random masks; inference only)",
+    r"^test_training_dropout(?!_zero_ratio)": (
+        "Dropout's masks in training mode are numpy's random draws, which JAX's do not repeat"
+    ),
     r"^test_equal_string": "string tensors (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
     r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",

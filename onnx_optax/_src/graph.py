@@ -228,6 +228,7 @@ REPLAY_HOST_LIMIT = 1024
 # and its host inputs' values while tracing, as the registry's ops are.
 UNREPLAYED = frozenset(
     (
+        "Dropout",  # draws from the step's key (random_keys), read when it is called
         "RandomNormalLike",
         "RandomUniformLike",
         "Bernoulli",
@@ -330,6 +331,7 @@ class _StandardStep(_Step):
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
             inputs=self.inputs,
+            outputs=self.outputs,
         )
         if op.check is not None:
             with node_errors(self.where):

@@ -2,7 +2,8 @@
 
 Activations, the Softmax family, MatMul/Gemm/Einsum, Conv and ConvTranspose,
 pooling and MaxUnpool, BatchNormalization/InstanceNormalization/LayerNormalization/
-GroupNormalization/MeanVarianceNormalization and Dropout (inference only).
+GroupNormalization/MeanVarianceNormalization and Dropout (training mode with a seeded
+key: see ``onnx_optax._src.random_keys``).
 
 Each is a small ``@register``-ed function over jax.numpy/lax; an op's lowering
 choices live beside it. To add a layer or an activation, register it here under
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from onnx_optax._src import random_keys
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops.arrays import (
     _axes,
@@ -947,15 +949,57 @@ def _group_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
 
 @register("Dropout")
 def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
-    del ratio
-    training = training_mode is not None and (not is_static(training_mode) or bool(training_mode))
-    if training or (node.opset < 7 and not node.get("is_test", 0) and node.n_outputs > 1):
+    """Dropout: ``y = x`` in inference mode; in training mode ``y = mask * x / (1 - ratio)``.
+
+    ``mask`` keeps each element with probability ``1 - ratio`` (``u >= ratio``, ``u``
+    uniform in [0, 1)), drawn from :func:`_dropout_key`. Training mode is opset 12's
+    ``training_mode`` input when true (a traced one selects at run time); ratio 0 is the
+    identity with every element kept. The gradient is ``mask / (1 - ratio)``: zero where
+    an element was dropped.
+    """
+    if node.opset < 7 and not node.get("is_test", 0) and node.n_outputs > 1:
         raise ValueError(
-            f"{node.where}: Dropout in training mode is not supported (inference only)"
+            f"{node.where}: Dropout of opset {node.opset} in training mode (is_test=0) is "
+            "not supported; convert the model to opset 12 or later, where training_mode says it"
         )
-    xp = _xp(x)  # a mask of a traced X is built in-graph, not as a host constant
-    mask = xp.ones(x.shape, bool) if node.opset >= 10 else xp.ones(x.shape, x.dtype)
-    return (x, mask)[: node.n_outputs]
+    kept = _xp(x).ones(x.shape, bool) if node.opset >= 10 else _xp(x).ones(x.shape, x.dtype)
+    off = training_mode is None or (is_static(training_mode) and not bool(training_mode))
+    if off or (ratio is not None and is_static(ratio) and float(ratio) == 0):
+        return (x, kept)[: node.n_outputs]
+    rate = jnp.asarray(0.5 if ratio is None else ratio, jnp.float32)
+    if ratio is not None and is_static(ratio) and not 0 <= float(ratio) < 1:
+        raise ValueError(f"{node.where}: ratio must be in [0, 1), got {float(ratio)}")
+    keep = jax.random.uniform(_dropout_key(node), x.shape, jnp.float32) >= rate
+    # A fed ratio of 1 drops everything: scale 0, not inf (whose 0 * inf is a NaN gradient).
+    scale = jnp.where(rate < 1, 1 / (1 - rate), 0).astype(x.dtype)
+    y = jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+    mask = keep if node.opset >= 10 else keep.astype(x.dtype)
+    if not is_static(training_mode):  # fed: chosen when the step runs
+        y = jnp.where(training_mode, y, x)
+        mask = jnp.where(training_mode, mask, jnp.ones((), mask.dtype))
+    return (y, mask)[: node.n_outputs]
+
+
+def _dropout_key(node: Node) -> Any:
+    """The key of a training-mode Dropout node: the step's key folded with the node's name
+    inside a ``Session(seed=)``, else its ``seed`` attribute; else a ValueError."""
+    step = random_keys.current()
+    if step is not None and step.key is not None:
+        return random_keys.node_key(step.key, f"{node.where} -> {node.outputs[0]}")
+    if step is not None:
+        raise ValueError(
+            f"{node.where}: Dropout runs in training mode (training_mode is true), which draws "
+            f"random masks; give {step.owner} a seed (Session(model, seed=0)) to draw them "
+            "reproducibly"
+        )
+    seed = node.get("seed")
+    if seed is None:
+        raise ValueError(
+            f"{node.where}: Dropout runs in training mode (training_mode is true) and has no "
+            "seed attribute to draw its mask from; set the node's seed attribute, or run the "
+            "model in training.Session(model, seed=...)"
+        )
+    return jax.random.key(int(seed))
 
 
 # ----------------------------------------------------------------------------- LRN
