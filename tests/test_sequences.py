@@ -430,8 +430,27 @@ def test_types_are_checked_against_the_schema() -> None:
     )
     with pytest.raises(ValueError, match=r"node 'get' .*the optional is empty"):
         backend.prepare(get).run({"o": None})
+    add = make_model(
+        [helper.make_node("Add", ["o", "o"], ["y"], name="add")],
+        [opt_vi("o", inner)],
+        [vi("y", F32, [2])],
+    )
+    with pytest.raises(
+        TypeError, match=r"node 'add' .*input 'o' has no value \(an empty optional\); it must be"
+    ):
+        backend.prepare(add).run({"o": None})
     with pytest.raises(TypeError, match=r"input 's' is a sequence: feed a list of tensors"):
         backend.prepare(insert).run({"s": floats(2), "x": np.arange(2, dtype=np.int32)})
+
+
+def test_a_sequence_of_strings_is_refused_by_name() -> None:
+    model = make_model(
+        [helper.make_node("SequenceLength", ["s"], ["n"], name="len")],
+        [seq_vi("s", TensorProto.STRING)],
+        [vi("n", I64, [])],
+    )
+    with pytest.raises(TypeError, match=r"node 'len' .*its input 's' is a string tensor"):
+        backend.prepare(model)
 
 
 def test_gradient_through_a_sequence_op_is_refused() -> None:

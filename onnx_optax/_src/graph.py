@@ -472,8 +472,8 @@ class _StandardStep(_Step):
     def _refuse_narrowing(self, args: Sequence[Any]) -> None:
         """Checks the host values an op reads as data, which become JAX arrays."""
         for position, value in enumerate(args):
-            if position not in self.op.static and value is not None and is_static(value):
-                refuse_narrowing(f"{self.where}: input '{self.inputs[position]}'", value)
+            if position not in self.op.static:  # a sequence's host tensors too
+                refuse_narrowing_in(f"{self.where}: input '{self.inputs[position]}'", value)
 
 
 class Subgraph:
@@ -757,13 +757,14 @@ def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> Unsupp
 def _refuse_strings(graph: Any, nodes: Sequence[Any]) -> None:
     """Refuses, by node, a string tensor that ``nodes`` read or compute (XLA holds none).
 
-    The types are the declared ones: initializers, graph inputs and outputs, value_info.
+    The types are the declared ones: initializers, graph inputs and outputs, value_info
+    (a sequence's or an optional's elements: tensors).
     """
     import onnx
 
     strings = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.STRING}
     for info in (*graph.input, *graph.output, *graph.value_info):
-        if info.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+        if _tensor_type(info.type).elem_type == onnx.TensorProto.STRING:  # sequences' too
             strings.add(info.name)
     if not strings:
         return

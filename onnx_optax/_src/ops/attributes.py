@@ -237,11 +237,12 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
         kind, static = found
         if kind not in (allowed if static else _held(allowed, x64)):
             tensors_only = all(k == "tensor" for k, _ in allowed)
-            what = (
-                f"dtype {kind[1]}"
-                if tensors_only and kind[0] == "tensor"
-                else (f"type {_kind_text(kind)}")
-            )
+            if kind[0] == "optional":
+                what = "no value (an empty optional)"
+            elif tensors_only and kind[0] == "tensor":
+                what = f"dtype {kind[1]}"
+            else:
+                what = f"type {_kind_text(kind)}"
             names = ", ".join(sorted(_kind_text(k) for k in allowed))
             raise TypeError(
                 f"{node.where}: input {node.input_name(position)} has {what}; it must be one "
