@@ -30,6 +30,9 @@ imports every family, so whoever reads the registry sees them all.
   MelWeightMatrix
 - ``dynamic``: NonZero, Unique, Compress, NonMaxSuppression (an output's
   size set by an input's values, read while tracing)
+- ``sequence``: the Sequence* ops, SplitToSequence, ConcatFromSequence and the
+  Optional ops (a sequence is a tuple of a length known while tracing, an empty
+  optional a marker known while tracing)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
@@ -52,6 +55,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     quantization,
     recurrent,
     reductions,
+    sequence,
     shape,
     signal,
     spatial,
