@@ -40,3 +40,31 @@ def test_a_conv_whose_weight_is_a_constant_of_shape_then_a_mean(channels: int) -
     got = backend.prepare(model).run([x])[0]
     expected = np.full((1, 1000, 1, 1), 0.5 * x.astype(np.float64).sum(1).mean())
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_a_softmax_of_a_mean_of_large_values(op: str) -> None:
+    """light_squeezenet's head: GlobalAveragePool then Softmax of logits near 6.5e9, all
+    equal. XLA:CPU recomputed the mean's product by 1/169 in the fusion that subtracts
+    the max, where LLVM contracted the two into an FMA: ``x - max(x)`` came out 221, not
+    0, and the softmax NaN."""
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["m"]),
+        helper.make_node(op, ["m"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "softmax_of_a_mean",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1000, 13, 13])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000, 1, 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rep = backend.prepare(model)
+    rng = np.random.default_rng(0)
+    for scale in (1e8, 1e9, 6e9, 3e10):
+        row = rng.random((1, 1, 13, 13)) * scale + scale
+        x = np.broadcast_to(row, (1, 1000, 13, 13)).astype(np.float32)
+        got = rep.run([x])[0]
+        uniform = np.full((1, 1000, 1, 1), 1e-3)
+        expected = uniform if op == "Softmax" else np.log(uniform)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=f"scale {scale}")

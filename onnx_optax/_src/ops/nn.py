@@ -118,8 +118,30 @@ def _softmax_like(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-register("Softmax")(_softmax_like(jax.nn.softmax))
-register("LogSoftmax")(_softmax_like(jax.nn.log_softmax))
+def _shifted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` applied to ``x - max(x)``: softmax and log-softmax are unchanged by the shift.
+
+    jax's softmax computes ``exp(x - max(x))`` and relies on the largest term
+    being ``exp(0) = 1``. XLA:CPU recomputes a cheap producer of ``x`` (the
+    product that a mean or a scale is) in each fusion that reads it, and LLVM
+    contracts the product and the subtraction into one FMA in the ``exp`` fusion
+    only: ``x - max(x)`` is then the product's rounding error, not 0 (221 for
+    light_squeezenet's logits of 6.5e9), ``exp`` overflows to inf or underflows
+    to 0 and the softmax is NaN. Subtracting the max first makes every fusion
+    that reads the product read it as that same subtraction (contracted or not,
+    the same way in each), so the max that ``fn`` subtracts in turn is one of
+    the values it exponentiates.
+    """
+
+    def run(x: Any, axis: int) -> Any:
+        top = jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf)  # -inf: an empty axis
+        return fn(x - lax.stop_gradient(top), axis=axis)
+
+    return run
+
+
+register("Softmax")(_softmax_like(_shifted(jax.nn.softmax)))
+register("LogSoftmax")(_softmax_like(_shifted(jax.nn.log_softmax)))
 
 
 def _hardmax(x: Any, axis: int) -> Any:
