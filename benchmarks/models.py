@@ -45,6 +45,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import tempfile
@@ -343,6 +344,12 @@ def versus_ort_training(
     return {**result, **{k: statistics.median(v) for k, v in times.items()}}
 
 
+def _reason(error: str) -> str:
+    """onnxruntime-training's error, short: the op it has no gradient for, else its end."""
+    found = re.search(r"has not been registered: (\S+) for node", error)
+    return f"no gradient for {found.group(1)}" if found else error[-160:]
+
+
 def ort_training_rows(python: str, names: list[str], batch: int, rounds: int) -> None:
     """The table of ``Session.step`` against onnxruntime-training's step."""
     print(
@@ -381,7 +388,13 @@ def ort_training_rows(python: str, names: list[str], batch: int, rounds: int) ->
         t = versus_ort_training(python, attached, feeds, targets, *spec, rounds)
         row = [label, str(n), str(t["trained"])]
         if "error" in t:
-            row += [f"cannot train it ({t['error'][-200:]})", "", "", "", f"{t['first ours']:.2f}"]
+            row += [
+                f"cannot train it ({_reason(t['error'])})",
+                "",
+                "",
+                "",
+                f"{t['first ours']:.2f}",
+            ]
         else:
             row += [
                 f"{t['ort'] * 1e3:.2f}",
