@@ -221,3 +221,27 @@ def test_gradient_matches_central_differences(case: Case) -> None:
                 assert abs(got - expected) <= FD_ATOL + FD_RTOL * abs(expected), (
                     f"{where}: jax.grad {got!r}, central difference {expected!r}"
                 )
+
+
+# -- ONNX's light zoo models (generated weights: every one 0.02)
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+# Those with LRN (bvlc_alexnet, inception_v1, zfnet512) run in tests/test_lrn.py.
+LIGHT_ZOO = ("densenet121", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19")
+
+
+@pytest.mark.parametrize("name", LIGHT_ZOO)
+def test_light_zoo_model_matches_onnxruntime(name: str) -> None:
+    """The final softmax, against onnxruntime's. SqueezeNet's logits are all about 6.5e9
+    and equal: its softmax was NaN (see tests/test_xla_cpu.py)."""
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"))
+    initializers = {init.name for init in model.graph.initializer}
+    (data,) = [i for i in model.graph.input if i.name not in initializers]
+    shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
+    feeds = {data.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    got = backend.prepare(model).run(feeds)
+    assert len(got) == len(expected) == 1
+    assert got[0].shape == expected[0].shape
+    np.testing.assert_allclose(got[0], expected[0], rtol=RTOL, atol=ATOL)

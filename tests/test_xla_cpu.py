@@ -1,19 +1,29 @@
-"""Graphs that XLA:CPU's own lowering got wrong, and that onnx_optax works around.
+"""Graphs that XLA:CPU's own lowering got wrong or ran slowly, and that onnx_optax works around.
 
-Each expected value is computed here in numpy; each graph is what an exporter
-writes (ONNX's light SqueezeNet holds its weights as ConstantOfShape nodes).
+Each expected value is computed here in numpy, by onnxruntime or by XLA's direct
+lowering (``lax.conv_general_dilated``) written out in the test; each graph is
+what an exporter writes (ONNX's light SqueezeNet holds its weights as
+ConstantOfShape nodes; tf2onnx writes a 1-D conv on [N, C, T, 1]).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper  # noqa: E402
 
-from onnx_optax import backend
+from onnx_optax import backend  # noqa: E402
+from onnx_optax._src.ops import nn  # noqa: E402
+from onnx_optax._src.ops.registry import Node  # noqa: E402
 
 
 @pytest.mark.parametrize("channels", [64, 512])
@@ -40,3 +50,110 @@ def test_a_conv_whose_weight_is_a_constant_of_shape_then_a_mean(channels: int) -
     got = backend.prepare(model).run([x])[0]
     expected = np.full((1, 1000, 1, 1), 0.5 * x.astype(np.float64).sum(1).mean())
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_a_softmax_of_a_mean_of_large_values(op: str) -> None:
+    """light_squeezenet's head: GlobalAveragePool then Softmax of logits near 6.5e9, all
+    equal. XLA:CPU recomputed the mean's product by 1/169 in the fusion that subtracts
+    the max, where LLVM contracted the two into an FMA: ``x - max(x)`` came out 221, not
+    0, and the softmax NaN."""
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["m"]),
+        helper.make_node(op, ["m"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "softmax_of_a_mean",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1000, 13, 13])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000, 1, 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rep = backend.prepare(model)
+    rng = np.random.default_rng(0)
+    for scale in (1e8, 1e9, 6e9, 3e10):
+        row = rng.random((1, 1, 13, 13)) * scale + scale
+        x = np.broadcast_to(row, (1, 1000, 13, 13)).astype(np.float32)
+        got = rep.run([x])[0]
+        uniform = np.full((1, 1000, 1, 1), 1e-3)
+        expected = uniform if op == "Softmax" else np.log(uniform)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=f"scale {scale}")
+
+
+# X's shape, W's shape, pads, strides, dilations: some spatial axes of one element, kernel 1
+FLAT_CONVS: dict[str, tuple[tuple[int, ...], tuple[int, ...], list[int], list[int], list[int]]] = {
+    "magika's [N, C, T, 1]": ((2, 6, 13, 1), (4, 6, 5, 1), [0, 0, 0, 0], [1, 1], [1, 1]),
+    "[N, C, 1, T] padded, strided, dilated": (
+        (2, 6, 1, 13),
+        (4, 6, 1, 3),
+        [0, 2, 0, 1],
+        [1, 2],
+        [1, 2],
+    ),
+    "3-D, two flat axes": (
+        (2, 4, 1, 9, 1),
+        (3, 4, 1, 3, 1),
+        [0, 1, 0, 0, 1, 0],
+        [1, 1, 1],
+        [1] * 3,
+    ),
+    "every axis flat: one is kept": ((3, 5, 1, 1), (2, 5, 1, 1), [0] * 4, [1, 1], [1, 1]),
+    "a flat axis padded: kept": ((2, 6, 1, 7), (4, 6, 1, 3), [1, 0, 1, 0], [1, 1], [1, 1]),
+}
+
+
+@pytest.mark.parametrize("case", FLAT_CONVS)
+def test_a_conv_with_axes_of_one_element_equals_the_direct_conv(case: str) -> None:
+    """Conv drops the spatial axes that X and W hold one element of (XLA:CPU ran magika's
+    1-D conv 3-4x slower with its trailing axis of 1): the same output as onnxruntime and
+    as XLA's conv on every axis, and the same gradients as the direct conv's."""
+    xs, ws, pads, strides, dilations = FLAT_CONVS[case]
+    n = len(xs) - 2
+    rng = np.random.default_rng(len(case))
+    x, w = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws))
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+
+    def direct(x: Any, w: Any, b: Any) -> Any:
+        y = lax.conv_general_dilated(
+            x, w, strides, [(pads[i], pads[i + n]) for i in range(n)], rhs_dilation=dilations
+        )
+        return y + b.reshape((1, -1) + (1,) * n)
+
+    attrs: dict[str, Any] = dict(pads=pads, strides=strides, dilations=dilations)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    graph = helper.make_graph(
+        [node],
+        "flat_conv",
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, v.shape)
+            for name, v in [("x", x), ("w", w), ("b", b)]
+        ],
+        [
+            helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, jax.eval_shape(direct, x, w, b).shape
+            )
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = {"x": x, "w": w, "b": b}
+    (want,) = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    (got,) = backend.prepare(model).run(feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    np.testing.assert_allclose(jax.jit(direct)(x, w, b), want, rtol=1e-5, atol=1e-5)
+    full = dict(auto_pad="NOTSET", kernel_shape=None, group=1, **attrs)
+    op = Node(full, 13, "node 'n' (ai.onnx.Conv)", 1)
+    r = rng.standard_normal(want.shape).astype(np.float32)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(nn._conv(op, *a) * r), (0, 1, 2)))(x, w, b)
+    expected = jax.jit(jax.grad(lambda *a: jnp.sum(direct(*a) * r), (0, 1, 2)))(x, w, b)
+    for ours, theirs in zip(grads, expected, strict=True):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    # the conv XLA is given reads X without the dropped axes
+    hlo = jax.jit(lambda x, w: nn._conv(op, x, w)).lower(x, w).as_text()
+    flat = [d for d in range(n) if xs[2 + d] == ws[2 + d] == 1 and pads[d] == pads[d + n] == 0]
+    dropped = flat if len(flat) < n else flat[1:]
+    kept = [xs[2 + d] for d in range(n) if d not in dropped]
+    squeezed = "x".join(str(size) for size in (*xs[:2], *kept))
+    (conv,) = [line for line in hlo.splitlines() if "stablehlo.convolution" in line]
+    assert f"(tensor<{squeezed}xf32>" in conv, conv
