@@ -46,6 +46,7 @@ EXCLUDED: dict[str, str] = {
     ),
     r"^test_training_dropout": "Dropout in training mode (random masks; inference only)",
     r"^test_equal_string": "string tensors (XLA has no strings)",
+    r"^test_ai_onnx_ml_label_encoder_": "string keys and inputs (XLA has no strings)",
     r"^test_identity_(sequence|opt)$": "sequence and optional values (tensors only)",
     r"^test_(if|loop\d+)_(seq|opt|seq_none)$": "sequence and optional values (tensors only)",
 }

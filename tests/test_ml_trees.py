@@ -362,3 +362,145 @@ def test_opset5_refusals() -> None:
     _refused(_ensemble5(nodes_featureids=[0, 1]), "one length")
     no_sets = helper.make_tensor("mv", TensorProto.FLOAT, [2], [1.0, 3.0])
     _refused(_ensemble5(membership_values=no_sets), "MEMBER")
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+def _one_node(
+    op: str, x: np.ndarray, out: int, ml_opset: int = 2, **attributes: Any
+) -> onnx.ModelProto:
+    node = helper.make_node(op, ["X"], ["Y"], domain=ML, name="encoder", **attributes)
+    x_type = helper.np_dtype_to_tensor_dtype(x.dtype)
+    shape = [*x.shape, 4] if op == "OneHotEncoder" else list(x.shape)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", x_type, list(x.shape))],
+        [helper.make_tensor_value_info("Y", out, shape)],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, ml_opset)]
+    )
+
+
+def _as_onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> None:
+    (ours,) = backend.prepare(model).run([x])
+    (theirs,) = _onnxruntime(model, {"X": x})
+    assert np.asarray(ours).dtype == theirs.dtype, (np.asarray(ours).dtype, theirs.dtype)
+    np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+LABEL_X_FLOAT = np.array([[1.5, -2.0, 7.0], [np.nan, 0.0, 1.5]], np.float32)
+LABEL_X_INT = np.array([3, -1, 10, 3, 0], np.int64)
+
+
+def test_label_encoder_float_keys_to_int64s() -> None:
+    model = _one_node(
+        "LabelEncoder",
+        LABEL_X_FLOAT,
+        TensorProto.INT64,
+        keys_floats=[7.0, 1.5, -2.0],
+        values_int64s=[70, 15, -20],
+        default_int64=99,
+    )
+    _as_onnxruntime(model, LABEL_X_FLOAT)
+
+
+def test_label_encoder_int_keys_to_floats_default() -> None:
+    model = _one_node(
+        "LabelEncoder",
+        LABEL_X_INT,
+        TensorProto.FLOAT,
+        keys_int64s=[10, 3, 0],
+        values_floats=[1.0, 0.5, -3.0],
+    )
+    _as_onnxruntime(model, LABEL_X_INT)
+
+
+def test_label_encoder_opset4_tensors_and_nan_key() -> None:
+    """By hand (onnxruntime has no float -> int16 kernel): a NaN key matches NaN."""
+    model = _one_node(
+        "LabelEncoder",
+        LABEL_X_FLOAT,
+        TensorProto.INT16,
+        ml_opset=4,
+        keys_tensor=helper.make_tensor("k", TensorProto.FLOAT, [3], [np.nan, 7.0, 1.5]),
+        values_tensor=helper.make_tensor("v", TensorProto.INT16, [3], [5, 6, 7]),
+        default_tensor=helper.make_tensor("d", TensorProto.INT16, [1], [-4]),
+    )
+    (ours,) = backend.prepare(model).run([LABEL_X_FLOAT])
+    assert np.asarray(ours).dtype == np.int16
+    np.testing.assert_array_equal(np.asarray(ours), [[7, -4, 6], [5, -4, 7]])
+
+
+def test_label_encoder_refusals() -> None:
+    strings = _one_node(
+        "LabelEncoder", LABEL_X_INT, TensorProto.INT64, keys_strings=["a"], values_int64s=[1]
+    )
+    with pytest.raises((ValueError, TypeError), match=r"encoder.*string"):
+        backend.prepare(strings)
+    unequal = _one_node(
+        "LabelEncoder", LABEL_X_INT, TensorProto.FLOAT, keys_int64s=[1, 2], values_floats=[1.0]
+    )
+    with pytest.raises(ValueError, match=r"encoder.*one length"):
+        backend.prepare(unequal)
+    repeated = _one_node(
+        "LabelEncoder",
+        LABEL_X_INT,
+        TensorProto.FLOAT,
+        keys_int64s=[1, 1],
+        values_floats=[1.0, 2.0],
+    )
+    with pytest.raises(ValueError, match=r"encoder.*repeat"):
+        backend.prepare(repeated)
+
+
+@pytest.mark.parametrize("per_feature", [False, True])
+def test_imputer_floats_and_nan_as_onnxruntime(per_feature: bool) -> None:
+    x = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, -1.0]], np.float32)
+    imputed = [9.0, 8.0, 7.0] if per_feature else [5.5]
+    model = _one_node(
+        "Imputer",
+        x,
+        TensorProto.FLOAT,
+        imputed_value_floats=imputed,
+        replaced_value_float=float("nan"),
+    )
+    _as_onnxruntime(model, x)
+
+
+def test_imputer_int64_as_onnxruntime() -> None:
+    x = np.array([[0, 4, -1], [-1, -1, 2]], np.int64)
+    model = _one_node(
+        "Imputer",
+        x,
+        TensorProto.INT64,
+        imputed_value_int64s=[10, 20, 30],
+        replaced_value_int64=-1,
+    )
+    _as_onnxruntime(model, x)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float32, np.float64])
+def test_one_hot_encoder_by_hand_and_as_onnxruntime(dtype: Any) -> None:
+    x = np.array([[1, 5, 2], [2, 9, 1]], dtype)
+    cats = [2, 1, 5, 7]
+    model = _one_node("OneHotEncoder", x, TensorProto.FLOAT, cats_int64s=cats)
+    with jax.enable_x64(True):
+        (ours,) = backend.prepare(model).run([x])
+    expected = (x[..., None] == np.array(cats)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(ours), expected)
+    if dtype != np.int32:  # onnxruntime has no int32 kernel
+        (theirs,) = _onnxruntime(model, {"X": x})
+        np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+def test_one_hot_encoder_zeros_0_raises_after_the_run() -> None:
+    x = np.array([1, 4], np.int64)
+    model = _one_node("OneHotEncoder", x, TensorProto.FLOAT, cats_int64s=[1, 2], zeros=0)
+    with pytest.raises(ValueError, match=r"encoder.*4.*no category"):
+        backend.prepare(model).run([x])
+    strings = _one_node("OneHotEncoder", x, TensorProto.FLOAT, cats_strings=["a"])
+    with pytest.raises(ValueError, match=r"encoder.*strings"):
+        backend.prepare(strings)
