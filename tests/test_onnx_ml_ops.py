@@ -468,8 +468,14 @@ def test_unsupported_ml_ops_are_listed() -> None:
 def test_supported_ops_list_the_ml_domain() -> None:
     assert backend.supported_ops()[ML] == [
         "ArrayFeatureExtractor",
+        "Imputer",
+        "LabelEncoder",
         "LinearClassifier",
         "LinearRegressor",
         "Normalizer",
+        "OneHotEncoder",
         "Scaler",
+        "TreeEnsemble",
+        "TreeEnsembleClassifier",
+        "TreeEnsembleRegressor",
     ]
