@@ -504,3 +504,64 @@ def test_one_hot_encoder_zeros_0_raises_after_the_run() -> None:
     strings = _one_node("OneHotEncoder", x, TensorProto.FLOAT, cats_strings=["a"])
     with pytest.raises(ValueError, match=r"encoder.*strings"):
         backend.prepare(strings)
+
+
+# ----------------------------------------------------------------------------- TfIdfVectorizer
+
+# 1-grams 2, 3, 5, 4; 2-grams (5, 6), (7, 8), (6, 7); 3-gram (2, 3, 5)
+TFIDF_POOL = {
+    "pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 6, 7, 2, 3, 5],
+    "ngram_counts": [0, 4, 10],
+    "ngram_indexes": [0, 1, 2, 3, 4, 5, 6, 7],
+}
+TOKENS = np.array([[2, 3, 5, 6, 7, 8, 6, 7], [1, 5, 6, 6, 5, 2, 3, 5]], np.int64)
+
+
+def _tfidf(x: np.ndarray, **attributes: Any) -> onnx.ModelProto:
+    values = {**TFIDF_POOL, "min_gram_length": 1, "max_gram_length": 3, "max_skip_count": 0}
+    values.update(attributes)
+    node = helper.make_node("TfIdfVectorizer", ["X"], ["Y"], name="tfidf", **values)
+    out = [x.shape[0], 8] if x.ndim == 2 else [8]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("skip", [0, 1, 3])
+@pytest.mark.parametrize("lengths", [(1, 3), (2, 3), (1, 1)])
+def test_tfidf_vectorizer_as_onnxruntime(mode: str, skip: int, lengths: tuple[int, int]) -> None:
+    weights = {"weights": [0.5, 1.0, 2.0, 3.0, 0.25, 4.0, 1.5, 0.75]} if mode != "TF" else {}
+    model = _tfidf(
+        TOKENS,
+        mode=mode,
+        max_skip_count=skip,
+        min_gram_length=lengths[0],
+        max_gram_length=lengths[1],
+        **weights,
+    )
+    (ours,) = backend.prepare(model).run([TOKENS])
+    (theirs,) = _onnxruntime(model, {"X": TOKENS})
+    np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6)
+
+
+def test_tfidf_vectorizer_int32_vector_as_onnxruntime() -> None:
+    x = TOKENS[1].astype(np.int32)
+    model = _tfidf(x, mode="TF", max_skip_count=2)
+    (ours,) = backend.prepare(model).run([x])
+    (theirs,) = _onnxruntime(model, {"X": x})
+    np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+def test_tfidf_vectorizer_refusals() -> None:
+    strings = {"pool_strings": ["a", "b"], "pool_int64s": None, "ngram_counts": [0]}
+    with pytest.raises(ValueError, match=r"tfidf.*strings"):
+        backend.prepare(_tfidf(TOKENS, mode="TF", ngram_indexes=[0, 1], **strings))
+    with pytest.raises(ValueError, match=r"tfidf.*ngram_indexes"):
+        backend.prepare(_tfidf(TOKENS, mode="TF", ngram_indexes=[0, 1]))
+    with pytest.raises(ValueError, match=r"tfidf.*2-grams"):
+        backend.prepare(_tfidf(TOKENS, mode="TF", ngram_counts=[0, 3, 10]))

@@ -16,6 +16,7 @@ imports every family, so whoever reads the registry sees them all.
 - ``image``: Resize
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
+- ``text``: TfIdfVectorizer over integer tokens
 - ``trees``: the ai.onnx.ml tree ensembles (TreeEnsembleRegressor,
   TreeEnsembleClassifier, TreeEnsemble), all trees at once in gather steps
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
@@ -51,6 +52,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     recurrent,
     reductions,
     shape,
+    text,
     trees,
 )
 from onnx_optax._src.ops.arrays import (
