@@ -565,3 +565,16 @@ def test_tfidf_vectorizer_refusals() -> None:
         backend.prepare(_tfidf(TOKENS, mode="TF", ngram_indexes=[0, 1]))
     with pytest.raises(ValueError, match=r"tfidf.*2-grams"):
         backend.prepare(_tfidf(TOKENS, mode="TF", ngram_counts=[0, 3, 10]))
+
+
+def test_huge_target_count_refused_before_allocating() -> None:
+    with pytest.raises(ValueError, match=r"forest5"):
+        backend.prepare(_ensemble5(n_targets=2**40))
+
+
+def test_one_hot_encoder_output_past_the_limit_refused() -> None:
+    x = np.zeros((2**16, 2**4), np.int64)
+    model = _one_node("OneHotEncoder", x, TensorProto.FLOAT, cats_int64s=list(range(4)))
+    model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value = 4
+    with pytest.raises(ValueError, match=r"encoder"):
+        backend.prepare(model, limits=backend.Limits(tensor_bytes=2**20)).run([x])

@@ -45,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
-from onnx_optax._src.ops.arrays import is_static
+from onnx_optax._src.ops.arrays import check_size, is_static
 from onnx_optax._src.ops.registry import Node, register
 
 ML_DOMAIN = "ai.onnx.ml"
@@ -528,6 +528,7 @@ def _one_hot_encoder(node: Node, x: Any) -> Any:
     cats = _one_hot_categories(node)
     _check_dtype(node, x, "X", _FEATURES)
     refuse_narrowing(f"{node.where}: cats_int64s", cats)
+    check_size(node, (*np.shape(x), cats.size), _F32)
     x = jnp.asarray(x)
     values = x.astype(cats.dtype) if np.dtype(x.dtype).kind == "f" else x
     table = jnp.asarray(cats).astype(values.dtype)

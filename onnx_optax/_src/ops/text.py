@@ -112,8 +112,6 @@ def _tfidf_vectorizer(node: Node, x: Any) -> Any:
         pooled, cols = pooled[keep].astype(rows.dtype), cols[keep]
         if not pooled.size:
             continue
-        scatter = np.zeros((cols.size, columns), np.float32)
-        scatter[np.arange(cols.size), cols] = 1
         distances = range(1, int(node["max_skip_count"]) + 2) if n > 1 else (1,)
         for d in distances:
             starts = width - (n - 1) * d
@@ -122,7 +120,8 @@ def _tfidf_vectorizer(node: Node, x: Any) -> Any:
             check_size(node, (rows.shape[0], starts, cols.size, n), np.bool_, "n-gram matches")
             windows = jnp.stack([rows[:, i * d : i * d + starts] for i in range(n)], axis=-1)
             found = jnp.all(windows[:, :, None, :] == jnp.asarray(pooled), axis=-1)
-            counts = counts + jnp.sum(found, axis=1, dtype=np.float32) @ jnp.asarray(scatter)
+            per_gram = jnp.sum(found, axis=1, dtype=np.float32)  # [B, K]
+            counts = counts.at[:, jnp.asarray(cols)].add(per_gram)
     weights = np.asarray(node.get("weights") or [], np.float32)
     mode = node["mode"]
     if mode == "IDF":

@@ -143,6 +143,7 @@ def _leaf_table(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[leaves, targets]`` weights and which are written (several on one cell combine)."""
     _in_range(node, "a target/class id", target, targets)
+    check_size(node, (leaves, targets), np.float64, "leaf table (leaves x targets)")
     table = np.zeros((leaves, targets), np.float64)
     hit = np.zeros((leaves, targets), bool)
     if aggregate == "MIN":
@@ -433,6 +434,10 @@ def _features(node: Node, x: Any) -> Any:
     if np.dtype(x.dtype) == np.float16:
         x = jnp.asarray(x, np.float32)
     if np.dtype(x.dtype) == np.float64 and jax.config.read("jax_enable_x64"):
+        if np.ndim(x) not in (1, 2):
+            raise ValueError(
+                f"{node.where}: input X has shape {list(np.shape(x))}; it must be [N, C] or [C]"
+            )
         x = jnp.asarray(x)
         return x.reshape(1, -1) if x.ndim == 1 else x
     return _rows(node, x)
