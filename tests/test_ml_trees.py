@@ -578,3 +578,22 @@ def test_one_hot_encoder_output_past_the_limit_refused() -> None:
     model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value = 4
     with pytest.raises(ValueError, match=r"encoder"):
         backend.prepare(model, limits=backend.Limits(tensor_bytes=2**20)).run([x])
+
+
+def test_missing_thresholds_and_empty_forests_refused() -> None:
+    _refused(_regressor(nodes_values=None), "nodes_values")
+    no_trees = _ensemble5()
+    (roots,) = [a for a in no_trees.graph.node[0].attribute if a.name == "tree_roots"]
+    del roots.ints[:]
+    _refused(no_trees, "tree_roots")
+    two_defaults = _one_node(
+        "LabelEncoder",
+        LABEL_X_FLOAT,
+        TensorProto.INT16,
+        ml_opset=4,
+        keys_tensor=helper.make_tensor("k", TensorProto.FLOAT, [1], [1.5]),
+        values_tensor=helper.make_tensor("v", TensorProto.INT16, [1], [5]),
+        default_tensor=helper.make_tensor("d", TensorProto.INT16, [2], [1, 2]),
+    )
+    with pytest.raises(ValueError, match=r"encoder.*default_tensor"):
+        backend.prepare(two_defaults)

@@ -411,7 +411,11 @@ def _label_encoder_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray
         raise ValueError(f"{node.where}: its keys repeat a value; each key must map once")
     given = node.get("default_tensor")
     if given is not None:
-        default = np.asarray(given).reshape(-1)[:1].astype(values.dtype)
+        if np.size(given) != 1:
+            raise ValueError(
+                f"{node.where}: default_tensor has {np.size(given)} values; it must hold one"
+            )
+        default = np.asarray(given).reshape(-1).astype(values.dtype)
     elif values.dtype.kind == "f":
         default = np.asarray([node.get("default_float", -0.0)], values.dtype)
     else:

@@ -243,6 +243,8 @@ def _legacy_forest(node: Node, prefix: str, aggregate: str, targets: int) -> _Fo
     tracks = arrays["nodes_missing_value_tracks_true"]
     mode = np.array([_MODES[str(m)] for m in arrays["nodes_modes"][internal]], np.int64)
     values = arrays["nodes_values"]
+    if internal.size and not values.size:
+        raise ValueError(f"{node.where}: its branch nodes have no thresholds (nodes_values)")
     return _Forest(
         feature=arrays["nodes_featureids"][internal],
         threshold=values[internal] if values.size else np.zeros(internal.size),
@@ -307,6 +309,8 @@ def _forest5(node: Node) -> _Forest:
     _in_range(node, "nodes_modes", mode, 7)
     _in_range(node, "nodes_featureids", arrays["nodes_featureids"], 2**31)
     roots_at = _array(node, "tree_roots", np.int64)
+    if not roots_at.size:
+        raise ValueError(f"{node.where}: tree_roots is empty; an ensemble needs a tree")
     _in_range(node, "tree_roots", roots_at, m)
 
     def children(ids: str, leafs: str) -> np.ndarray:
@@ -322,7 +326,7 @@ def _forest5(node: Node) -> _Forest:
     roots = np.where(single, true_next[roots_at], roots_at)
     aggregate = _AGGREGATES[_code(node, "aggregate_function", _AGGREGATES)]
     table, hit = _leaf_table(
-        node, np.arange(leaves), leaf_targets, weights, leaves, int(node["n_targets"]), aggregate
+        node, np.arange(leaves), leaf_targets, weights, leaves, _targets(node), aggregate
     )
     tracks = arrays["nodes_missing_value_tracks_true"]
     return _Forest(
@@ -339,6 +343,13 @@ def _forest5(node: Node) -> _Forest:
         depth=_depth(node, roots, true_next, false_next),
         double=np.asarray(node.get("leaf_weights")).dtype == np.float64,
     )
+
+
+def _targets(node: Node) -> int:
+    targets = int(node.get("n_targets") or 0)
+    if targets < 1:
+        raise ValueError(f"{node.where}: n_targets is {targets}; it must be at least 1")
+    return targets
 
 
 def _code(node: Node, name: str, names: Sequence[str]) -> int:
@@ -568,10 +579,7 @@ def _tree_ensemble_classifier(node: Node, x: Any) -> tuple[Any, Any]:
 
 def _ensemble_check(node: Node) -> _Forest:
     _code(node, "post_transform", _TRANSFORMS)
-    if int(node["n_targets"]) < 1:
-        raise ValueError(
-            f"{node.where}: n_targets is {int(node['n_targets'])}; it must be at least 1"
-        )
+    _targets(node)
     return _forest5(node)
 
 
