@@ -11,6 +11,7 @@ are refused by the node they name, when the graph is prepared.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -597,3 +598,24 @@ def test_missing_thresholds_and_empty_forests_refused() -> None:
     )
     with pytest.raises(ValueError, match=r"encoder.*default_tensor"):
         backend.prepare(two_defaults)
+
+
+def test_a_long_cycle_is_refused_quickly() -> None:
+    """100,000 nodes in one ring: found in linear time, not walked forever."""
+    n = 100_000
+    ring = {
+        "nodes_treeids": [0] * (n + 1),
+        "nodes_nodeids": list(range(n + 1)),
+        "nodes_featureids": [0] * (n + 1),
+        "nodes_values": [0.0] * (n + 1),
+        "nodes_truenodeids": [(i + 1) % n for i in range(n)] + [0],
+        "nodes_falsenodeids": [n] * (n + 1),
+        "nodes_modes": ["BRANCH_LEQ"] * n + ["LEAF"],
+        "target_treeids": [0],
+        "target_nodeids": [n],
+        "target_ids": [0],
+        "target_weights": [1.0],
+    }
+    started = time.perf_counter()
+    _refused(_regressor(**ring), "cycle")
+    assert time.perf_counter() - started < 30

@@ -102,33 +102,40 @@ def _in_range(node: Node, name: str, values: np.ndarray, size: int) -> None:
         raise ValueError(f"{node.where}: {name} holds {int(outside[0])}, out of range [0, {size})")
 
 
-def _depth(
-    node: Node, forest_roots: np.ndarray, true_next: np.ndarray, false_next: np.ndarray
-) -> int:
-    """The most internal nodes on a path from a root (Kahn's order; a cycle is refused)."""
+def _depth(node: Node, roots: np.ndarray, true_next: np.ndarray, false_next: np.ndarray) -> int:
+    """The most internal nodes on a path from a root (Kahn's order; a cycle is refused).
+
+    Linear in the number of nodes, so a hostile file cannot make it hang; a node
+    no root reaches costs no step.
+    """
     m = true_next.size
     children = [[int(c) for c in (true_next[i], false_next[i]) if c < m] for i in range(m)]
     indegree = [0] * m
     for kids in children:
         for c in kids:
             indegree[c] += 1
-    depth = [1] * m
     ready = [i for i in range(m) if indegree[i] == 0]
-    done = 0
+    order = []
     while ready:
         i = ready.pop()
-        done += 1
+        order.append(i)
         for c in children[i]:
-            depth[c] = max(depth[c], depth[i] + 1)
             indegree[c] -= 1
             if indegree[c] == 0:
                 ready.append(c)
-    if done < m:
+    if len(order) < m:
         raise ValueError(
             f"{node.where}: its trees hold a cycle (a node is its own descendant); a tree's "
             "children must lead to leaves"
         )
-    del forest_roots  # every internal node counts (an unreachable one costs steps only)
+    depth = [0] * m
+    for r in roots.tolist():
+        if r < m:
+            depth[r] = 1
+    for i in order:
+        if depth[i]:
+            for c in children[i]:
+                depth[c] = max(depth[c], depth[i] + 1)
     return max(depth, default=0)
 
 
