@@ -619,3 +619,58 @@ def test_a_long_cycle_is_refused_quickly() -> None:
     started = time.perf_counter()
     _refused(_regressor(**ring), "cycle")
     assert time.perf_counter() - started < 30
+
+
+def _binary(class_id: int, weights: list[float], transform: str, base: Any) -> onnx.ModelProto:
+    """A one-score binary classifier: one split, two leaves writing one class id."""
+    attributes: dict[str, Any] = {
+        "nodes_treeids": [0, 0, 0],
+        "nodes_nodeids": [0, 1, 2],
+        "nodes_featureids": [0, 0, 0],
+        "nodes_values": [0.0, 0.0, 0.0],
+        "nodes_modes": ["BRANCH_LEQ", "LEAF", "LEAF"],
+        "nodes_truenodeids": [1, 0, 0],
+        "nodes_falsenodeids": [2, 0, 0],
+        "class_treeids": [0, 0],
+        "class_nodeids": [1, 2],
+        "class_ids": [class_id, class_id],
+        "class_weights": weights,
+        "classlabels_int64s": [3, 8],
+        "post_transform": transform,
+        "base_values": base,
+    }
+    node = helper.make_node(
+        "TreeEnsembleClassifier", ["X"], ["L", "Z"], domain=ML, name="forest", **attributes
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 1])],
+        [
+            helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, [None, 2]),
+        ],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 3)]
+    )
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.8], [-0.4, 0.7], [0.2, 0.4]])
+@pytest.mark.parametrize("transform", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("base", [None, [0.1], [-1.0]])
+def test_one_score_binary_classifier_as_onnxruntime(
+    weights: list[float], transform: str, base: Any
+) -> None:
+    model = _binary(0, weights, transform, base)
+    x = np.array([[-1.0], [1.0]], np.float32)
+    labels, scores = backend.prepare(model).run([x])
+    ref_labels, ref_scores = _onnxruntime(model, {"X": x})
+    np.testing.assert_array_equal(np.asarray(labels), ref_labels)
+    np.testing.assert_allclose(np.asarray(scores), ref_scores, rtol=1e-6, atol=1e-7)
+
+
+def test_one_score_binary_forms_onnxruntime_leaves_undefined_are_refused() -> None:
+    _refused(_binary(1, [0.3, 0.8], "NONE", None), "class id 0")
+    _refused(_binary(0, [0.3, 0.8], "NONE", [0.1, 0.2]), "one base value")
+    _refused(_binary(0, [0.3, 0.8], "PROBIT", None), "PROBIT")

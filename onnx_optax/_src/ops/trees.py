@@ -535,10 +535,11 @@ def _classifier_check(node: Node) -> _Forest:
                 f"{node.where}: post_transform PROBIT on a one-score binary classifier has no "
                 "defined second column (onnxruntime leaves it unwritten)"
             )
-        if base.size > 1:
+        if base.size > 1 or ids[0] != 0:
             raise ValueError(
                 f"{node.where}: a one-score binary classifier (every class_ids is {int(ids[0])}) "
-                f"takes one base value or none, got {base.size}"
+                f"is read only with class id 0 and one base value or none (got {base.size}): "
+                "onnxruntime's results for the other forms are undefined"
             )
     elif base.size not in (0, labels.size):
         raise ValueError(
@@ -554,10 +555,10 @@ def _tree_ensemble_classifier(node: Node, x: Any) -> tuple[Any, Any]:
 
     With several scores per class the label is that of the largest sum (plus
     base_values) and the scores are post-transformed. A binary classifier whose
-    leaves all write one class id has one score ``s`` (as onnxruntime): with
+    leaves all write class 0 has one score ``s`` (as onnxruntime): with
     weights all >= 0, label by ``s > 0.5`` and scores ``[1 - s, s]``; otherwise
-    label by ``s > 0`` and scores ``[-s, s]``, ``[sigmoid(-s), sigmoid(s)]``
-    under LOGISTIC.
+    label by ``s > 0`` and scores ``[-s, s]``; ``[sigmoid(-s), sigmoid(s)]``
+    under LOGISTIC either way.
     """
     forest = _classifier_check(node)
     labels = _class_labels(node)
@@ -569,14 +570,13 @@ def _tree_ensemble_classifier(node: Node, x: Any) -> tuple[Any, Any]:
     table = jnp.asarray(labels)
     transform = _transform(node)
     if labels.size == 2 and ids.size == 1:
-        s = scores[:, int(ids[0])] + (base[0] if base.size else 0.0)
-        if np.all(_floats(node, "class_weights") >= 0):
-            label = jnp.where(s > 0.5, table[1], table[0])
-            z = jnp.stack([1 - s, s], axis=1)
+        s = scores[:, 0] + (base[0] if base.size else 0.0)
+        positive = bool(np.all(_floats(node, "class_weights") >= 0))
+        label = jnp.where(s > (0.5 if positive else 0.0), table[1], table[0])
+        if transform == "LOGISTIC":
+            z = jax.nn.sigmoid(jnp.stack([-s, s], axis=1))
         else:
-            label = jnp.where(s > 0, table[1], table[0])
-            z = jnp.stack([-s, s], axis=1)
-            z = jax.nn.sigmoid(z) if transform == "LOGISTIC" else z
+            z = jnp.stack([1 - s if positive else -s, s], axis=1)
         return label, z.astype(np.float32)
     if base.size:
         scores = scores + jnp.asarray(base, scores.dtype)
