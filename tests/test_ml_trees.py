@@ -23,6 +23,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("skl2onnx")
 from onnx import TensorProto, helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 from skl2onnx import to_onnx  # noqa: E402
 from sklearn.ensemble import (  # noqa: E402
     GradientBoostingClassifier,
@@ -674,3 +675,61 @@ def test_one_score_binary_forms_onnxruntime_leaves_undefined_are_refused() -> No
     _refused(_binary(1, [0.3, 0.8], "NONE", None), "class id 0")
     _refused(_binary(0, [0.3, 0.8], "NONE", [0.1, 0.2]), "one base value")
     _refused(_binary(0, [0.3, 0.8], "PROBIT", None), "PROBIT")
+
+
+def _classes(k: int, transform: str, base: Any) -> onnx.ModelProto:
+    """One split, two leaves, each writing a weight for every one of ``k`` classes."""
+    attributes: dict[str, Any] = {
+        "nodes_treeids": [0, 0, 0],
+        "nodes_nodeids": [0, 1, 2],
+        "nodes_featureids": [0, 0, 0],
+        "nodes_values": [0.0, 0.0, 0.0],
+        "nodes_modes": ["BRANCH_LEQ", "LEAF", "LEAF"],
+        "nodes_truenodeids": [1, 0, 0],
+        "nodes_falsenodeids": [2, 0, 0],
+        "class_treeids": [0] * (2 * k),
+        "class_nodeids": [1] * k + [2] * k,
+        "class_ids": list(range(k)) * 2,
+        "class_weights": list(np.linspace(-0.5, 0.9, 2 * k).round(3)),
+        "classlabels_int64s": list(range(10, 10 + k)),
+        "post_transform": transform,
+        "base_values": base,
+    }
+    node = helper.make_node(
+        "TreeEnsembleClassifier", ["X"], ["L", "Z"], domain=ML, name="forest", **attributes
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 1])],
+        [
+            helper.make_tensor_value_info("L", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, [None, k]),
+        ],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 3)]
+    )
+
+
+@pytest.mark.parametrize("transform", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT"])
+@pytest.mark.parametrize("base", [None, [0.1, 0.1, 0.1], [-0.2, 0.1, 0.4]])
+def test_three_classes_with_base_values_as_onnxruntime(transform: str, base: Any) -> None:
+    model = _classes(3, transform, base)
+    x = np.array([[-1.0], [1.0]], np.float32)
+    labels, scores = backend.prepare(model).run([x])
+    ref_labels, ref_scores = _onnxruntime(model, {"X": x})
+    np.testing.assert_array_equal(np.asarray(labels), ref_labels)
+    np.testing.assert_allclose(np.asarray(scores), ref_scores, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("transform", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("base", [None, [-0.2, 0.1]])
+def test_two_classes_both_written_as_onnx_reference(transform: str, base: Any) -> None:
+    """onnxruntime labels this form by ``score[1] > 0`` as a raw 0/1; onnx's reference by argmax."""
+    model = _classes(2, transform, base)
+    x = np.array([[-1.0], [1.0]], np.float32)
+    labels, scores = backend.prepare(model).run([x])
+    ref_labels, ref_scores = ReferenceEvaluator(model).run(None, {"X": x})
+    np.testing.assert_array_equal(np.asarray(labels), ref_labels)
+    np.testing.assert_allclose(np.asarray(scores), ref_scores, rtol=1e-5, atol=1e-6)
