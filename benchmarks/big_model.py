@@ -14,6 +14,9 @@ high-water mark so far) and the time each stage took. Run::
 
     PYTHONPATH=. .venv/bin/python benchmarks/big_model.py [--hidden 270336] [--folder /tmp/x]
 
+and last the ratio of the peak to the weights' bytes (``--hidden 36864``: 0.3 GB of weights,
+for a machine that cannot hold the full size).
+
 ``tests/test_big_model.py`` runs :func:`run` at a small size (marked ``slow`` to run it at
 full size: ``pytest -m slow``).
 """
@@ -203,6 +206,8 @@ def main() -> None:
         print(f"losses {figures['losses']}, next step {figures['next_losses']}")
         print(f"state bit-identical after resuming: {all(figures['state_equal'].values())}")
         print(f"saved: {figures['saved_bytes']:,} bytes")
+        ratio = figures["peak_rss"] / figures["weight_bytes"]
+        print(f"peak RSS / weight bytes: {ratio:.1f}")
     finally:
         if not args.folder:
             shutil.rmtree(folder, ignore_errors=True)

@@ -101,7 +101,7 @@ def test_prepared_model_compiles_once() -> None:
 def test_unsupported_op_is_named() -> None:
     f32 = onnx.TensorProto.FLOAT
     graph = helper.make_graph(
-        [helper.make_node("Det", ["x"], ["y"], name="act")],
+        [helper.make_node("ImageDecoder", ["x"], ["y"], name="act")],
         "g",
         [helper.make_tensor_value_info("x", f32, [2])],
         [helper.make_tensor_value_info("y", f32, [2])],
@@ -109,7 +109,7 @@ def test_unsupported_op_is_named() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(
         UnsupportedOperatorError,
-        match=r"node 'act' \(ai.onnx.Det\): unsupported op Det in domain 'ai.onnx'",
+        match=r"node 'act' \(ai.onnx.ImageDecoder\): unsupported op ImageDecoder in domain 'ai.onnx'",
     ):
         backend.prepare(model)
     node = helper.make_node("SGD", ["R", "T", "X", "G"], ["Y"], domain=DOMAIN)

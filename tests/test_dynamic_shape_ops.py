@@ -214,14 +214,15 @@ def test_non_max_suppression_as_onnxruntime(
 def test_an_input_computed_from_the_feeds_is_refused_naming_the_node(
     op: str, n_out: int, position: int
 ) -> None:
-    x = np.array([0.0, 1.0, -2.0, 3.0], np.float32)
+    # 20 elements: more than a small source (graph.SMALL_SOURCE), so x stays traced
+    x = np.tile(np.array([0.0, 1.0, -2.0, 3.0], np.float32), 5)
     relu = helper.make_node("Relu", ["x"], ["r"])
     if op == "Compress":
         cast = helper.make_node("Cast", ["r"], ["b"], to=onnx.TensorProto.BOOL)
         before, inputs = [relu, cast], ["x", "b"]
-    elif op == "NonMaxSuppression":  # boxes [1, 1, 4] computed from the feeds
+    elif op == "NonMaxSuppression":  # boxes [1, 5, 4] computed from the feeds
         shape = helper.make_node(
-            "Constant", [], ["s"], value=numpy_helper.from_array(np.array([1, 1, 4]))
+            "Constant", [], ["s"], value=numpy_helper.from_array(np.array([1, 5, 4]))
         )
         boxes = helper.make_node("Reshape", ["r", "s"], ["boxes"])
         before, inputs = [relu, shape, boxes], ["boxes", "boxes"]

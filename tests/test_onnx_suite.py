@@ -12,6 +12,7 @@ _classes = suite_classes()
 OnnxTrainingCases = _classes["training"]
 OnnxNodeCases = _classes["node"]
 OnnxPyTorchModelCases = _classes["pytorch"]
+OnnxSequenceModelCases = _classes["sequence"]
 
 
 def test_selection_holds_all_training_cases() -> None:
@@ -23,3 +24,4 @@ def test_selection_is_large() -> None:
     """Guards against a runner change that would silently empty the sets."""
     assert sum(n.startswith("test_") for n in dir(OnnxNodeCases)) > 1000
     assert sum(n.startswith("test_") for n in dir(OnnxPyTorchModelCases)) == 117
+    assert sum(n.startswith("test_") for n in dir(OnnxSequenceModelCases)) == 8

@@ -79,6 +79,15 @@ from onnx_optax._src.ops import (
     record_run_checks,
 )
 from onnx_optax._src.ops.control_flow import unroll_budget
+from onnx_optax._src.ops.sequence import (
+    SEQUENCE_OPS,
+    TensorSeq,
+    feed_value,
+    host_value,
+    is_sequence_or_optional,
+    refuse_narrowing_in,
+    tensors,
+)
 from onnx_optax._src.remat import run_steps
 
 GRADIENT = "Gradient"
@@ -95,8 +104,9 @@ GRADIENT_WORK = 3
 # Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
 # node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
 MAX_SUBGRAPH_DEPTH = 16
-# A graph input of at most this many elements (declared) that a Loop's trip count or
-# condition is computed from is read as a compile-time value (see _small_sources).
+# A graph input of at most this many elements (declared) that a shape, an axis, or a
+# Loop's trip count or condition is computed from is read as a compile-time value
+# (see _small_sources).
 SMALL_SOURCE = 16
 
 Env = dict[str, Any]
@@ -227,6 +237,7 @@ REPLAY_HOST_LIMIT = 1024
 # and its host inputs' values while tracing, as the registry's ops are.
 UNREPLAYED = frozenset(
     (
+        "Dropout",  # draws from the step's key (random_keys), read when it is called
         "RandomNormalLike",
         "RandomUniformLike",
         "Bernoulli",
@@ -255,6 +266,9 @@ class _OpTrace(NamedTuple):
             for out in self.outputs
         )
 
+
+# Sequence ops return no JAX values of their own (a TensorSeq of their inputs' pieces).
+_UNREPLAYED = UNREPLAYED | SEQUENCE_OPS
 
 # A signature's entry in a _Replay: None once seen, its trace once recorded, False for an
 # op that checks values at run time (never replayed).
@@ -329,6 +343,7 @@ class _StandardStep(_Step):
             n_outputs=len(node.output),
             max_bytes=graph.max_bytes,
             inputs=self.inputs,
+            outputs=self.outputs,
         )
         if op.check is not None:
             with node_errors(self.where):
@@ -336,6 +351,15 @@ class _StandardStep(_Step):
         # Graph attributes (If's branches, Loop's and Scan's bodies), each a function of
         # its formal inputs and of the names it reads from the enclosing graphs.
         self.subgraphs = graph.subgraph_functions(node, self.where)
+        # Inputs better known while tracing: the op's, and the condition of an If whose
+        # branches give sequences or optionals (their lengths and emptiness may differ).
+        self.prefer_static = op.prefer_static
+        if node.op_type == "If" and any(
+            o.type.WhichOneof("value") in ("sequence_type", "optional_type")
+            for sub in _subgraphs(node).values()
+            for o in sub.output
+        ):
+            self.prefer_static = (*op.prefer_static, 0)
         self.work = 1 + sum(sub.work for sub in self.subgraphs.values())
         # What, besides its inputs, decides the function the op computes (see _Replay).
         self.kind = (
@@ -350,7 +374,7 @@ class _StandardStep(_Step):
     def _call(self, args: list[Any]) -> Any:
         """The op on ``args``: called, or replayed from the trace's earlier calls of it."""
         replay = _REPLAY.get()
-        key = None if replay is None or self.node.op_type in UNREPLAYED else self._signature(args)
+        key = None if replay is None or self.node.op_type in _UNREPLAYED else self._signature(args)
         if key is None:
             return self.op.fn(self.info, *args)
         assert replay is not None
@@ -371,6 +395,8 @@ class _StandardStep(_Step):
         for value in args:
             if value is None:
                 parts.append(None)
+            elif is_sequence_or_optional(value):
+                return None  # never replayed: an op on sequences binds no equation of its own
             elif is_static(value):
                 if value.size > REPLAY_HOST_LIMIT:
                     return None
@@ -435,11 +461,11 @@ class _StandardStep(_Step):
             results = self.op.fn(info, *args)
         else:
             results = self._call(args) if traced else self.op.fn(self.info, *args)
-        if not isinstance(results, tuple):
+        if not isinstance(results, tuple) or isinstance(results, TensorSeq):
             results = (results,)
         for name, value in zip(self.outputs, results, strict=False):
-            if value is not None:  # before XLA sees the shape or a later op reads it
-                check_size(self.info, np.shape(value), value.dtype, f"output '{name}'")
+            for item in tensors(value):  # before XLA sees the shape or a later op reads it
+                check_size(self.info, np.shape(item), item.dtype, f"output '{name}'")
         if not traced and not all(r is None or is_static(r) for r in results):
             self._refuse_narrowing(args)  # the op computed host values in JAX
         for name, value in zip(self.outputs, results, strict=False):
@@ -449,8 +475,8 @@ class _StandardStep(_Step):
     def _refuse_narrowing(self, args: Sequence[Any]) -> None:
         """Checks the host values an op reads as data, which become JAX arrays."""
         for position, value in enumerate(args):
-            if position not in self.op.static and value is not None and is_static(value):
-                refuse_narrowing(f"{self.where}: input '{self.inputs[position]}'", value)
+            if position not in self.op.static:  # a sequence's host tensors too
+                refuse_narrowing_in(f"{self.where}: input '{self.inputs[position]}'", value)
 
 
 class Subgraph:
@@ -472,6 +498,7 @@ class Subgraph:
             getattr(step, "subgraphs", None) for step in function.order
         )
         self.max_work = function.max_traced_nodes
+        self.output_dtypes = function.output_dtypes  # declared (None where not)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         function = self.function
@@ -678,6 +705,29 @@ def _free_names(node: Any, depth: int) -> list[str]:
     return list(free)
 
 
+def _sequence_node(node: Any) -> Any:
+    """The node of a sequence or optional op that ``node`` is or holds in a subgraph, if any."""
+    if domain_of(node) == "" and node.op_type in SEQUENCE_OPS:
+        return node
+    for graph in _subgraphs(node).values():
+        for inner in graph.node:
+            found = _sequence_node(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _refuse_sequences(step: _GradientStep) -> None:
+    """Refuses a Gradient whose path from xs to y crosses a sequence or optional op."""
+    for inner in step.order:
+        found = _sequence_node(inner.node)
+        if found is not None:
+            raise ValueError(
+                f"{step.where}: the path to y '{step.y}' crosses {describe(found)}; gradients "
+                "do not flow through sequences and optionals"
+            )
+
+
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
     if find_op(node) is not None:
         return _StandardStep(graph, node)
@@ -710,13 +760,14 @@ def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> Unsupp
 def _refuse_strings(graph: Any, nodes: Sequence[Any]) -> None:
     """Refuses, by node, a string tensor that ``nodes`` read or compute (XLA holds none).
 
-    The types are the declared ones: initializers, graph inputs and outputs, value_info.
+    The types are the declared ones: initializers, graph inputs and outputs, value_info
+    (a sequence's or an optional's elements: tensors).
     """
     import onnx
 
     strings = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.STRING}
     for info in (*graph.input, *graph.output, *graph.value_info):
-        if info.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+        if _tensor_type(info.type).elem_type == onnx.TensorProto.STRING:  # sequences' too
             strings.add(info.name)
     if not strings:
         return
@@ -730,7 +781,20 @@ def _refuse_strings(graph: Any, nodes: Sequence[Any]) -> None:
                     )
 
 
-def _declared(name: str, out: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+def _tensor_type(type_proto: Any) -> Any:
+    """The tensor type of a value's type: its own, a sequence's or an optional's elements'."""
+    while type_proto.WhichOneof("value") in ("sequence_type", "optional_type"):
+        kind = type_proto.WhichOneof("value")
+        type_proto = getattr(type_proto, kind).elem_type
+    return type_proto.tensor_type
+
+
+def _feed_tensor(what: str, value: Any) -> Any:
+    """A fed tensor: a JAX array as it is, anything else checked on the host."""
+    return value if isinstance(value, jax.Array) else host_array(what, value)
+
+
+def _declared(name: str, out: Any, dtype: np.dtype | None) -> Any:
     """An output in its declared type: never converted, except back to a 64-bit integer.
 
     32-bit JAX computes int64 as int32 (values beyond int32 are refused on the way
@@ -738,7 +802,9 @@ def _declared(name: str, out: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     between the declared and the computed type is an error naming the output,
     rather than a silent conversion (an X_new declared INT8 would round).
     """
-    if dtype is None or out.dtype == dtype:
+    if isinstance(out, list):  # a sequence: each tensor
+        return [_declared(f"{name}[{i}]", item, dtype) for i, item in enumerate(out)]
+    if dtype is None or out is None or out.dtype == dtype:
         return out
     if np.issubdtype(dtype, np.integer) and out.dtype == jax.dtypes.canonicalize_dtype(dtype):
         return out.astype(dtype)
@@ -809,9 +875,16 @@ class GraphFunction:
             raise unsupported_error(self._nodes, self.opsets)
         _refuse_strings(graph, [self._nodes[i] for i in sorted(needed)])
         declared = {
-            o.name: o.type.tensor_type.elem_type
+            o.name: _tensor_type(o.type).elem_type
             for o in graph.output
-            if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type
+            if _tensor_type(o.type).elem_type
+        }
+        # Graph inputs of sequence or optional type, fed as lists or None (see _feed).
+        self.value_types = {
+            i.name: i.type
+            for i in graph.input
+            if i.name in self.input_names
+            and i.type.WhichOneof("value") in ("sequence_type", "optional_type")
         }
         self.output_dtypes = tuple(
             tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
@@ -866,7 +939,7 @@ class GraphFunction:
             step.inputs[p]
             for step in self._steps.values()
             if isinstance(step, _StandardStep)
-            for p in (*step.op.static, *step.op.prefer_static)
+            for p in (*step.op.static, *step.prefer_static)
             if p < len(step.inputs)
         }
         read_as_shapes |= self._small_sources(graph)
@@ -878,9 +951,12 @@ class GraphFunction:
     # -- structure
 
     def _small_sources(self, graph: Any) -> set[str]:
-        """Graph inputs of at most SMALL_SOURCE elements that a Loop's trip count or
-        condition is computed from (test_range's expanded form: M from start, limit and
-        delta): read as compile-time values, so that the loop compiles to a scan."""
+        """Graph inputs of at most SMALL_SOURCE elements (declared) that an input read
+        while tracing is computed from: a Loop's trip count or condition (test_range's
+        expanded form: M from start, limit and delta), a shape or an axis (a window's
+        size through Cast and Sub, AffineGrid's size through Slice). Read as
+        compile-time values, as a shape fed directly is: one compilation per value, the
+        loop a scan, the shape arithmetic folded."""
         declared: dict[str, int] = {}
         for info in graph.input:
             kind = info.type.tensor_type
@@ -890,7 +966,7 @@ class GraphFunction:
             step.inputs[p]
             for step in self._steps.values()
             if isinstance(step, _StandardStep)
-            for p in step.op.prefer_static
+            for p in (*step.op.static, *step.prefer_static)
             if p < len(step.inputs) and step.inputs[p]
         ]
         found: set[str] = set()
@@ -974,6 +1050,7 @@ class GraphFunction:
                     step.order = [self._step(i) for i in self._topological([step.y], stop, index)]
                 finally:
                     self._nesting -= 1
+                _refuse_sequences(step)
                 step.work = 1 + GRADIENT_WORK * sum(inner.work for inner in step.order)
                 if step.work > self.max_traced_nodes:
                     raise self._too_much_work(f"{step.where}: its trace", step.work)
@@ -1181,10 +1258,10 @@ class GraphFunction:
             _REPLAY.reset(replay)
         outputs = tuple(env[name] for name in self.output_names)
         for name, value in zip(self.output_names, outputs, strict=True):
-            if is_static(value):  # computed while tracing: it becomes a JAX array here
+            if any(map(is_static, tensors(value))):  # computed while tracing: JAX arrays here
                 index = self._producer.get(name)
                 of = "" if index is None else f" of {describe(self._nodes[index])}"
-                refuse_narrowing(f"graph output '{name}'{of}", value)
+                refuse_narrowing_in(f"graph output '{name}'{of}", value)
         return outputs
 
     def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
@@ -1208,10 +1285,7 @@ class GraphFunction:
         named = dict(zip(self.input_names, values, strict=True))
         # Read as shapes, in numpy: int64 stays exact (INT64_MAX as "to the end").
         fixed = {n: np.asarray(named.pop(n)) for n in self.static_inputs}
-        feeds = {
-            n: v if isinstance(v, jax.Array) else host_array(f"input '{n}'", v)
-            for n, v in named.items()
-        }
+        feeds = {n: self._feed(n, v) for n, v in named.items()}
         layout, buffers, own = pack(feeds, self._packable)
         if device not in self._device_params:  # on the device once, for every run
             _, host_buffers, host_own = self._host_params()
@@ -1240,11 +1314,18 @@ class GraphFunction:
             ) from None
         raise_failed(checks)
         results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
-        results.update((name, np.asarray(value)) for name, value in out_own.items())
+        results.update((name, host_value(value)) for name, value in out_own.items())
         return [
             _declared(name, results[name], dtype)
             for name, dtype in zip(self.output_names, self.output_dtypes, strict=True)
         ]
+
+    def _feed(self, name: str, value: Any) -> Any:
+        """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them)."""
+        kind = self.value_types.get(name)
+        if kind is not None:
+            return feed_value(f"input '{name}'", value, kind, _feed_tensor)
+        return _feed_tensor(f"input '{name}'", value)
 
     def _host_params(self) -> tuple[Layout, list[np.ndarray], dict[str, np.ndarray]]:
         """The float initializers, checked and packed on the host once (see ``pack``)."""

@@ -19,7 +19,10 @@ from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
 from onnx_optax.interop import _attribute_values, _common_dtype
+from onnx_optax.training import _loss_scale
 from onnx_optax.training._clipping import clip_by_global_norm_nodes
+from onnx_optax.training._compute import to_bfloat16
+from onnx_optax.training._dropout import train_dropout
 from onnx_optax.training._losses import (
     CLASS_LOSS_OPSET,
     CLASS_LOSSES,
@@ -117,6 +120,10 @@ def attach(
     class_axis: int | None = None,
     lift_constants: bool = True,
     master_dtype: str | np.dtype | type | None = None,
+    dropout: bool = False,
+    loss_scale: float | None = None,
+    loss_scale_period: int = 2000,
+    compute_dtype: str | np.dtype | type | None = None,
 ) -> onnx.ModelProto:
     """An inference model made trainable: its graph computing the same, plus ``training_info``.
 
@@ -194,6 +201,39 @@ def attach(
         W`` at the start of the graph (the forward pass stays 16-bit); the
         Gradient, the optimizer node and its state are in this dtype.
         :meth:`Session.to_inference_model` folds the Casts back into ``W``.
+      dropout: train with the model's Dropout nodes dropping (default False:
+        each Dropout node stays as the graph has it, in inference mode unless
+        its ``training_mode`` says otherwise, so it is the identity in the
+        step too). True points every Dropout node's ``training_mode`` (opset 12
+        or later) at one new bool initializer ``dropout.training_mode`` holding
+        True; the step then draws masks, which needs ``Session(model, seed=)``.
+        :meth:`Session.run` and :meth:`Session.to_inference_model` read it as
+        False, so inference is what the exported model computed.
+      loss_scale: dynamic loss scaling, starting at this scale ``S`` (a number in
+        [1, 2**24], such as 2**15; None: none), for float16 gradients that
+        would underflow. The Gradient is taken of ``Cast(loss, float32) * S``,
+        each gradient unscaled as ``Cast(g, float32) / S`` (then cast to the
+        parameters' dtype; use ``master_dtype="float32"`` to keep it float32).
+        A step whose unscaled gradients are not all finite is skipped: the
+        parameters, the optimizer state and T keep their values, and ``S``
+        halves (not below 1); after ``loss_scale_period`` good steps in a row
+        ``S`` doubles (not above 2**24). ``S`` and the count of good steps are
+        the float32 and int64 initializers ``loss_scale`` and
+        ``loss_scale.good_steps``, bound by the step, so :meth:`Session.save`
+        keeps them. The reported loss is the unscaled one.
+      loss_scale_period: the good steps in a row after which ``S`` doubles
+        (default 2000).
+      compute_dtype: ``"bfloat16"`` to train a float32 model computing in
+        bfloat16 on float32 master weights (None: as the model is). The
+        inference graph is rewritten to bfloat16 (each float32 input cast to
+        bfloat16 as it begins and each float32 output back to float32 as it
+        ends, so the loss is float32; stored values rounded to nearest even;
+        ``Cast`` to float32 now to bfloat16); each trained weight keeps its
+        float32 value as ``W.master`` read through ``Cast(W.master) -> W``, and
+        the Gradient and the optimizer run on the masters in float32. Not with
+        ``master_dtype``; a subgraph or a node making float32 by its ``dtype``
+        attribute is refused by name. The trained model's inference graph
+        computes in bfloat16 (:meth:`Session.to_inference_model` too).
 
     Returns:
       A new ``ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``
@@ -227,11 +267,28 @@ def attach(
     names.taken.add(LOSS_OUTPUT)
 
     chosen = chosen_plan.trained
+    if compute_dtype is not None:
+        try:
+            wanted = np.dtype(compute_dtype)
+        except TypeError:
+            wanted = None
+        if wanted != np.dtype(jax.numpy.bfloat16):
+            raise ValueError(f"compute_dtype must be 'bfloat16'; got {compute_dtype!r}")
+        if master_dtype is not None:
+            raise ValueError(
+                "compute_dtype keeps float32 master weights already; leave master_dtype out"
+            )
+    if (master_dtype is not None or dropout or compute_dtype is not None) and model is given:
+        model = copy_model(model)  # the caller's proto: rewritten in a copy
+        graph = model.graph
     if master_dtype is not None:
-        if model is given:  # the caller's proto: rewritten in a copy
-            model = copy_model(model)
-            graph = model.graph
         chosen = _master_weights(graph, chosen, master_dtype, names)
+    if compute_dtype is not None:
+        chosen = to_bfloat16(model, chosen, names)
+    if not isinstance(dropout, bool):
+        raise TypeError(f"dropout must be True or False; got {dropout!r}")
+    if dropout:
+        train_dropout(model, names)
     values = {i.name: i for i in graph.initializer}
     # Shapes and dtypes only (make_plan has read and checked every value): the weights of a
     # model above 2 GiB are not copied here, and the state is made one tensor at a time.
@@ -251,13 +308,21 @@ def attach(
         loss, output, elem, shape, target, names, class_axis, logits
     )
     nodes.append(helper.make_node("Identity", [value], [LOSS_OUTPUT]))
+    differentiated, scale_name, ok = value, "", ""
+    if loss_scale is not None:
+        initial, period = _loss_scale.check_options(loss_scale, loss_scale_period)
+        scaling_nodes, differentiated, scale_name = _loss_scale.scaled_loss(value, names)
+        nodes += scaling_nodes
 
     grads = [names(f"{n}.grad") for n in chosen]
     nodes.append(
         helper.make_node(
-            GRADIENT, chosen, grads, domain=DOMAIN, xs=chosen, y=value, name="gradient"
+            GRADIENT, chosen, grads, domain=DOMAIN, xs=chosen, y=differentiated, name="gradient"
         )
     )
+    if scale_name:
+        unscaling, grads, ok = _loss_scale.unscaled(grads, scale_name, dtype, names)
+        nodes += unscaling
     clipping, grads = clip_by_global_norm_nodes(grads, clip_global_norm, names, dtype)
     nodes += clipping
     # The node with placeholder names, renamed to fresh ones.
@@ -326,6 +391,17 @@ def attach(
             algorithm_outputs.append(value_info(out, p_elem, list(params[n].shape)))
     binding[T] = T_next
     algorithm_outputs.append(value_info(T_next, onnx.TensorProto.INT64, []))
+    if ok:  # skipped unless every gradient is finite; S and its count updated
+        skipping, wrapped = _loss_scale.kept(ok, binding, names)
+        renamed = {binding[key]: wrapped[key] for key in binding}  # each output, its Where's
+        for output in algorithm_outputs:
+            output.name = renamed.get(output.name, output.name)
+        binding = wrapped
+        scaling = _loss_scale.updated(ok, scale_name, initial, period, names)
+        nodes += [*skipping, *scaling.nodes]
+        binding.update(scaling.binding)
+        algorithm_outputs += scaling.outputs
+        stored += scaling.initializers
     algorithm = helper.make_graph(
         nodes, "training_step", [target_info], algorithm_outputs, initializer=inits
     )

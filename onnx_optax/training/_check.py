@@ -282,6 +282,23 @@ def _gradient_names(node: onnx.NodeProto) -> tuple[list[str], str]:
     return found.get("xs", []), found.get("y", "")
 
 
+def unskipped(algorithm: onnx.GraphProto, binding: Mapping[str, str]) -> dict[str, str]:
+    """``binding`` with each ``Where(ok, new, key)`` bound to ``key`` read as ``new``.
+
+    A step that may be skipped (``attach(loss_scale=)`` on non-finite gradients)
+    binds each initializer to such a Where: the optimizer's output when ``ok``,
+    else the value it had. The optimizer's rules are checked on ``new``.
+    """
+    producer = {o: n for n in algorithm.node for o in n.output}
+    found = {}
+    for key, value in binding.items():
+        node = producer.get(value)
+        if node is not None and node.op_type == "Where" and list(node.input[2:]) == [key]:
+            value = node.input[1]
+        found[key] = value
+    return found
+
+
 def _optimizer_problems(
     where: str,
     proto: onnx.NodeProto,
@@ -293,6 +310,7 @@ def _optimizer_problems(
         node = read_node(proto)
     except (TypeError, ValueError, NotImplementedError) as error:
         return [f"{where}: {error}"]
+    binding = unskipped(algorithm, binding)
     problems = []
     for group in ("X", *node.state_groups):
         label = "new value" if group == "X" else f"new {group}"

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -93,6 +93,19 @@ class MainGraph:
         return sorted(found)
 
 
+M = TypeVar("M", onnx.NodeProto, onnx.ValueInfoProto, onnx.TensorProto)
+
+
+def _detached(messages: Iterable[M]) -> list[M]:
+    """A copy of each message, referring into nothing else."""
+    copies = []
+    for message in messages:
+        copy = type(message)()
+        copy.CopyFrom(message)
+        copies.append(copy)
+    return copies
+
+
 def _reads(node: onnx.NodeProto) -> list[str]:
     """The names a node reads: its inputs and, for Gradient, its y, xs and zs."""
     names = [n for n in node.input if n]
@@ -161,13 +174,16 @@ class Entry:
             main.initializers[n] for n in outer if n in main.initializers and n not in state
         ]
         produced = {name for node in (*nodes, *algorithm.node) for name in node.output}
+        # Copies: a message read out of the model keeps the whole model alive (protobuf's
+        # upb frees a model's memory at once, when nothing refers into it), and with it every
+        # bound initializer's data, which the session holds again as its state.
         graph = View(
             f"{main.name}+{algorithm.name}",
-            [*nodes, *algorithm.node],
-            inputs,
-            list(algorithm.output),
-            [*constants, *algorithm.initializer],
-            [main.value_info[n] for n in read | produced if n in main.value_info],
+            _detached([*nodes, *algorithm.node]),
+            _detached(inputs),
+            _detached(algorithm.output),
+            _detached([*constants, *algorithm.initializer]),
+            _detached(main.value_info[n] for n in read | produced if n in main.value_info),
         )
         self.function = GraphFunction(graph, opsets=opsets(model), check_shapes=False)
         if self.function.static_inputs:
@@ -436,12 +452,17 @@ class Inference:
 
     The bound initializers (``bound``: name to stored dtype) are inputs of the
     function, not constants, so a step that changes them needs no new
-    compilation; the other initializers are constants. Only the feeds and
+    compilation; the other initializers are constants (those in ``replaced``
+    with its value). Only the feeds and
     bound initializers the outputs need are inputs.
     """
 
     def __init__(
-        self, model: onnx.ModelProto, bound: Mapping[str, np.dtype], outputs: Sequence[str]
+        self,
+        model: onnx.ModelProto,
+        bound: Mapping[str, np.dtype],
+        outputs: Sequence[str],
+        replaced: Mapping[str, onnx.TensorProto] | None = None,
     ) -> None:
         main = model.graph
         initializers = {i.name for i in main.initializer}
@@ -450,7 +471,8 @@ class Inference:
             value_info(n, int(helper.np_dtype_to_tensor_dtype(dtype)), None)
             for n, dtype in bound.items()
         ]
-        constants = [i for i in main.initializer if i.name not in bound]
+        replaced = replaced or {}  # initializers inference reads otherwise (Dropout's switch)
+        constants = [replaced.get(i.name, i) for i in main.initializer if i.name not in bound]
 
         def function(inputs: list[onnx.ValueInfoProto]) -> GraphFunction:
             graph = helper.make_graph(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,9 +20,11 @@ from onnx_optax._src.graph import GraphFunction, flattened, paused_gc, to_jax
 from onnx_optax._src.load import DEFAULT_LIMITS
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import RunChecks, raise_failed
+from onnx_optax._src.random_keys import step_key
 from onnx_optax._src.remat import rematerialized
 from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference, check_feeds
+from onnx_optax.training._dropout import switched_off
 from onnx_optax.training._export import fold_casts, save_model, strip_training
 from onnx_optax.training._feeds import from_python, is_python
 from onnx_optax.training._metrics import shortest_float
@@ -38,6 +41,24 @@ from onnx_optax.training._rate import Rate, scale_reaching
 
 SHARDED_BYTES = 1024
 """With ``shard_parameters=True``, the smallest array split over the devices (1 KiB)."""
+
+
+def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, calling its object through a weak reference.
+
+    A jitted function the session holds then does not hold the session: with no
+    cycle, ``del session`` frees its state at once, not at the next garbage
+    collection (a model of a few GiB otherwise lingers beside the next session).
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        assert bound is not None  # its session runs it
+        return bound(*args)
+
+    call.__name__ = call.__qualname__ = method.__name__
+    return call
 
 
 class Session:
@@ -87,6 +108,14 @@ class Session:
         of compute. The same ops on the same values: the numbers equal the
         default's up to XLA's choices of fusion (bit-identical in our tests
         on CPU, not promised).
+      seed: the seed of the random masks of Dropout nodes in training mode
+        (``training_mode`` true; see :func:`attach`'s ``dropout``). A node's
+        mask at step T is drawn from ``fold_in(fold_in(key(seed), T), crc32(n))``,
+        ``n`` its description and first output name: a pure function of
+        (seed, T, node), so a session saved at T and resumed draws the masks
+        an uninterrupted one draws, bit for bit, and :meth:`evaluate` draws
+        those of the next step. None (the default):
+        a training-mode Dropout node is refused when the step is traced.
 
     Several processes (hosts) are JAX's own business: call
     ``jax.distributed.initialize()`` in every process first, pass
@@ -114,6 +143,7 @@ class Session:
         shard_parameters: bool = False,
         micro_batches: int = 1,
         remat: bool = False,
+        seed: int | None = None,
     ) -> None:
         if not isinstance(remat, bool):
             raise TypeError(f"remat must be True or False; got {remat!r}")
@@ -184,14 +214,38 @@ class Session:
         # Every entry in one compiled function (one trace and one XLA compile per feed
         # signature, however many entries), the state donated; the run-time checks
         # (indices and labels only known then) alone in another, run first.
-        self._step = jax.jit(flattened(self._step_all), donate_argnums=0, **step_shard)
-        self._checks = jax.jit(flattened(lambda *a: self._step_all(*a)[2]), **shard)
-        self._evaluate = jax.jit(flattened(self._evaluate_all), **shard)
+        step_all, evaluate_all = _weak(self._step_all), _weak(self._evaluate_all)
+        self._step = jax.jit(flattened(step_all), donate_argnums=0, **step_shard)
+        self._checks = jax.jit(flattened(lambda *a: step_all(*a)[2]), **shard)
+        self._evaluate = jax.jit(flattened(evaluate_all), **shard)
         # The feed signatures traced for a step: whether their ops check at run time.
         self._checked: dict[Any, bool] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
         self._rate = Rate(self._model)
+        self._seed = self._checked_seed(seed)
+
+    def _checked_seed(self, seed: int | None) -> int | None:
+        """``seed`` as an int, with T (the optimizer node's count) bound to key the masks."""
+        if seed is None:
+            return None
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an integer or None; got {seed!r}")
+        if not 0 <= int(seed) < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63); got {seed}")
+        if self._rate.count not in self._state:
+            raise ValueError(
+                "seed= keys the Dropout masks by the step count T, but the model binds no "
+                f"T of one optimizer node ({self._rate.why})"
+            )
+        return int(seed)
+
+    def _key(self, state: Mapping[str, jax.Array]) -> jax.Array | None:
+        """The step's random key: ``fold_in(key(seed), T)``, T as this step reads it."""
+        if self._seed is None:
+            return None
+        count = state[self._rate.count].astype(np.uint32)  # T's low 32 bits
+        return jax.random.fold_in(jax.random.key(self._seed), count)
 
     def _put(self, values: Any) -> Any:
         """Feeds on the session's devices, split along axis 0 (the batch)."""
@@ -441,7 +495,8 @@ class Session:
                 key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
                 if key not in self._classes:
                     state = {n: abstract(self._state[n]) for n in entry.reads}
-                    self._classes[key] = entry.classes(state, feeds)
+                    with step_key(jax.random.key(0), "the Session"):  # shapes only
+                        self._classes[key] = entry.classes(state, feeds)
                 entry.check_targets(inputs, self._classes[key])
         return all_feeds
 
@@ -456,8 +511,9 @@ class Session:
         state = dict(state)
         reported: dict[str, jax.Array] = {}
         run_checks = []
+        key = self._key(state)  # T before any entry's update
         for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
-            outputs, updates, entry_checks = self._entry_step(entry, state, feeds, constants)
+            outputs, updates, entry_checks = self._entry_step(entry, state, feeds, constants, key)
             for n, value in updates.items():  # while tracing: before anything runs
                 if value.shape != state[n].shape or value.dtype != state[n].dtype:
                     raise ValueError(
@@ -476,9 +532,12 @@ class Session:
         state: dict[str, jax.Array],
         feeds: dict[str, jax.Array],
         constants: dict[str, Any],
+        key: jax.Array | None,
     ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], RunChecks]:
-        """One entry's step, over micro-batches and rematerialized when the session says so."""
-        with rematerialized(self._remat):  # read while the Gradients are traced
+        """One entry's step, over micro-batches and rematerialized when the session says so;
+        its random ops draw from ``key``."""
+        # Read while the Gradients and random ops are traced.
+        with rematerialized(self._remat), step_key(key, "the Session"):
             if self._micro_batches == 1:
                 return entry.step(state, feeds, constants)
             return entry.micro_step(state, feeds, constants, self._micro_batches)
@@ -492,8 +551,9 @@ class Session:
         """Every entry's unbound outputs from the same state (XLA drops the updates)."""
         reported: dict[str, jax.Array] = {}
         run_checks = []
+        key = self._key(state)
         for entry, feeds, constants in zip(self._entries, all_feeds, all_constants, strict=True):
-            outputs, _, entry_checks = self._entry_step(entry, state, feeds, constants)
+            outputs, _, entry_checks = self._entry_step(entry, state, feeds, constants, key)
             reported.update(outputs)
             run_checks.append(entry_checks)
         return reported, run_checks
@@ -568,7 +628,7 @@ class Session:
         )
         inference = self._inference.get(names)
         if inference is None:
-            inference = Inference(self._model, self._dtypes, names)
+            inference = Inference(self._model, self._dtypes, names, switched_off(self._model.graph))
             self._inference[names] = inference
         feeds = check_feeds(
             "Session.run", f"the graph of outputs {list(names)}", inference.feeds, inputs, {}
@@ -581,6 +641,10 @@ class Session:
         model.CopyFrom(self._model)  # the bound initializers hold no data there
         if strip:
             strip_training(model)
+            off = switched_off(model.graph)  # Dropout in inference mode
+            for init in model.graph.initializer:
+                if init.name in off:
+                    init.CopyFrom(off[init.name])
         for init in model.graph.initializer:
             if init.name in self._state:
                 init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))

@@ -5,15 +5,17 @@
 module registers its ops with ``@register("OpType")``; importing this package
 imports every family, so whoever reads the registry sees them all.
 
-- ``elementwise``: arithmetic, unary math, comparisons, logic, Where, Clip, Cast,
-  the Bitwise ops, BitShift, BitCast
+- ``elementwise``: arithmetic, unary math (trigonometric and hyperbolic), Shrink,
+  comparisons, logic, Where, Clip, Cast, the Bitwise ops, BitShift, BitCast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
-  normalizations, Dropout
+  normalizations (Batch, Instance, Layer, Group, MeanVariance), MaxUnpool, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
   ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
-  Range, OneHot, EyeLike
-- ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd
-- ``image``: Resize
+  Range, OneHot, EyeLike, ReverseSequence, TensorScatter, Upsample
+- ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd, Det
+- ``image``: Resize, GridSample, AffineGrid
+- ``spatial``: Col2Im, DeformConv, RoiAlign (pixels moved by index, sampled at
+  traced points)
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
 - ``text``: TfIdfVectorizer over integer tokens
@@ -27,8 +29,13 @@ imports every family, so whoever reads the registry sees them all.
 - ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
+- ``signal``: DFT, STFT, the Hann, Hamming and Blackman windows,
+  MelWeightMatrix
 - ``dynamic``: NonZero, Unique, Compress, NonMaxSuppression (an output's
   size set by an input's values, read while tracing)
+- ``sequence``: the Sequence* ops, SplitToSequence, ConcatFromSequence and the
+  Optional ops (a sequence is a tuple of a length known while tracing, an empty
+  optional a marker known while tracing)
 
 and beside them ``arrays`` (the helpers several families share: static or
 traced values, dtypes, axes, the size limit, indices checked while tracing or
@@ -51,7 +58,10 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     quantization,
     recurrent,
     reductions,
+    sequence,
     shape,
+    signal,
+    spatial,
     text,
     trees,
 )

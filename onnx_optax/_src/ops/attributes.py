@@ -122,9 +122,13 @@ def _attribute_value(attribute: Any, where: str) -> Any:
     return value
 
 
-# One formal input: its type parameter (or literal type), the dtypes it allows (None:
-# no tensor type we could check), whether a variadic input binds its values to one type.
-_Formal = tuple[str, frozenset[np.dtype] | None, bool]
+# A type a formal input allows: ("tensor", dtype), ("seq", element dtype), or
+# ("optional", None) where it allows an empty optional; an optional holding a value
+# is that value, so optional(tensor(float)) also allows ("tensor", float32).
+_Kind = tuple[str, np.dtype | None]
+# One formal input: its type parameter (or literal type), the types it allows (None: no
+# type we could check), whether a variadic input binds its values to one type.
+_Formal = tuple[str, frozenset[_Kind] | None, bool]
 
 
 @functools.cache
@@ -140,9 +144,9 @@ def _formals(op_type: str, domain: str, opset: int) -> tuple[tuple[_Formal, ...]
     formals: list[_Formal] = []
     for formal in schema.inputs:
         allowed = constraints.get(formal.type_str, [formal.type_str])
-        dtypes = {d for d in map(_dtype_of, allowed) if d is not None}
+        kinds = {k for text in allowed for k in _kinds_of(text)}
         formals.append(
-            (formal.type_str, frozenset(dtypes) if dtypes else None, formal.is_homogeneous)
+            (formal.type_str, frozenset(kinds) if kinds else None, formal.is_homogeneous)
         )
     variadic = bool(formals) and (
         schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
@@ -150,12 +154,24 @@ def _formals(op_type: str, domain: str, opset: int) -> tuple[tuple[_Formal, ...]
     return tuple(formals), variadic
 
 
+def _kinds_of(text: str) -> list[_Kind]:
+    """The kinds of value a schema type string allows: 'optional(seq(tensor(float)))' allows
+    an empty optional and a sequence of float32."""
+    if text.startswith("optional(") and text.endswith(")"):
+        return [("optional", None), *_kinds_of(text[9:-1])]
+    kind = "tensor"
+    if text.startswith("seq(") and text.endswith(")"):
+        kind, text = "seq", text[4:-1]
+    dtype = _dtype_of(text)
+    return [] if dtype is None else [(kind, dtype)]
+
+
 def _dtype_of(text: str) -> np.dtype | None:
     """The dtype of a schema type string such as 'tensor(float)', if onnx_optax runs it."""
     import onnx
 
     if not (text.startswith("tensor(") and text.endswith(")")):
-        return None  # sequences, maps, optionals
+        return None  # maps, sparse tensors
     code = onnx.TensorProto.DataType.DESCRIPTOR.values_by_name.get(text[7:-1].upper())
     if code is None:
         return None
@@ -166,19 +182,43 @@ def _dtype_of(text: str) -> np.dtype | None:
 
 
 @functools.cache
-def _held(dtypes: frozenset[np.dtype], x64: bool) -> frozenset[np.dtype]:
-    """The dtypes as JAX holds them (without 64-bit JAX, int64 as int32, ...)."""
+def _held(kinds: frozenset[_Kind], x64: bool) -> frozenset[_Kind]:
+    """The types as JAX holds them (without 64-bit JAX, int64 as int32, ...)."""
     del x64  # part of the key: what JAX holds depends on it
-    return frozenset(_canonical(d) for d in dtypes)
+    return frozenset((k, None if d is None else _canonical(d)) for k, d in kinds)
+
+
+def _kind_text(kind: _Kind) -> str:
+    """How messages write a kind: float32, seq(float32), an empty optional."""
+    name, dtype = kind
+    if name == "optional":
+        return "an empty optional"
+    return str(dtype) if name == "tensor" else f"seq({dtype})"
+
+
+def _kind_of(value: Any) -> tuple[_Kind, bool] | None:
+    """A value's kind and whether it is static (a sequence's dtype is as JAX holds it);
+    None for a value whose type is not checked (an empty sequence of unknown type)."""
+    from onnx_optax._src.ops.sequence import NoValue, TensorSeq
+
+    if isinstance(value, NoValue):
+        return ("optional", None), False
+    if isinstance(value, TensorSeq):
+        return None if value.elem_dtype is None else (("seq", value.elem_dtype), False)
+    if not hasattr(value, "dtype"):
+        return None
+    static = is_static(value)
+    return ("tensor", np.dtype(value.dtype) if static else _canonical(value.dtype)), static
 
 
 def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[Any]) -> None:
-    """Refuses inputs whose dtypes the schema's type constraints do not allow at the node's opset.
+    """Refuses inputs whose types the schema's type constraints do not allow at the node's opset.
 
-    Each input's dtype must be one its type parameter allows, and the inputs
-    sharing a type parameter must share one dtype, as onnxruntime checks when
-    it loads a model. A static value (numpy) is compared by its own dtype; a
-    traced one as JAX holds it (without 64-bit JAX an int64 computes as int32).
+    Each input's type (a tensor's dtype, a sequence's element dtype, an empty
+    optional) must be one its type parameter allows, and the inputs sharing a type
+    parameter must share one type, as onnxruntime checks when it loads a model. A
+    static value (numpy) is compared by its own dtype; a traced one as JAX holds it
+    (without 64-bit JAX an int64 computes as int32).
     """
     import jax
 
@@ -186,24 +226,30 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
     x64 = bool(jax.config.read("jax_enable_x64"))
     bound: dict[str, tuple[int, Any]] = {}
     for position, value in enumerate(inputs):
-        if value is None or not hasattr(value, "dtype"):
+        found = None if value is None else _kind_of(value)
+        if found is None:
             continue
         if position >= len(formals) and not variadic:
             return  # more inputs than the schema has (or no schema): the checker's to refuse
         param, allowed, homogeneous = formals[min(position, len(formals) - 1)]
         if allowed is None:
             continue
-        static = is_static(value)
-        dtype = np.dtype(value.dtype) if static else _canonical(value.dtype)
-        if dtype not in (allowed if static else _held(allowed, x64)):
-            names = ", ".join(sorted(str(d) for d in allowed))
+        kind, static = found
+        if kind not in (allowed if static else _held(allowed, x64)):
+            tensors_only = all(k == "tensor" for k, _ in allowed)
+            if kind[0] == "optional":
+                what = "no value (an empty optional)"
+            elif tensors_only and kind[0] == "tensor":
+                what = f"dtype {kind[1]}"
+            else:
+                what = f"type {_kind_text(kind)}"
+            names = ", ".join(sorted(_kind_text(k) for k in allowed))
             raise TypeError(
-                f"{node.where}: input {node.input_name(position)} has dtype "
-                f"{np.dtype(value.dtype)}; it must be one of {names} ({param} of {op_type} at "
-                f"opset {node.opset})"
+                f"{node.where}: input {node.input_name(position)} has {what}; it must be one "
+                f"of {names} ({param} of {op_type} at opset {node.opset})"
             )
-        if not homogeneous or "(" in param:  # each its own type, or a literal type
-            continue
+        if not homogeneous or "(" in param or kind[0] != "tensor":
+            continue  # each its own type, a literal type, or not a tensor
         first, other = bound.setdefault(param, (position, value))
         differ = (
             np.dtype(other.dtype) != np.dtype(value.dtype)

@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_tensors import refuse_narrowing
 from onnx_optax._src.ops.arrays import (
     NotStaticError,
     RunCheck,
@@ -44,6 +43,12 @@ from onnx_optax._src.ops.arrays import (
     record_run_checks,
 )
 from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.sequence import (
+    NoValue,
+    TensorSeq,
+    is_sequence_or_optional,
+    refuse_narrowing_in,
+)
 
 
 class _Body(NamedTuple):
@@ -51,11 +56,12 @@ class _Body(NamedTuple):
 
     closed: Any  # ClosedJaxpr
     tree: Any  # the pytree structure of (outputs, checks)
-    outs: tuple[jax.ShapeDtypeStruct, ...]  # the outputs' shapes and dtypes
+    outs: tuple[Any, ...]  # the outputs' shapes and dtypes (a sequence's: a TensorSeq of them)
     checks: dict[str, RunCheck]  # the checks' shapes and dtypes, by message
 
     def __call__(self, *args: Any) -> tuple[list[Any], dict[str, RunCheck]]:
-        flat = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *args)
+        leaves = jax.tree.leaves(args)
+        flat = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *leaves)
         outs, checks = jax.tree.unflatten(self.tree, flat)
         return list(outs), checks
 
@@ -78,8 +84,30 @@ def _known(value: Any) -> bool:
     )
 
 
-def _spec(value: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(np.shape(value), _canonical(value.dtype))
+def _spec(value: Any) -> Any:
+    """A value's shapes and dtypes (a sequence's: a TensorSeq of them; an empty optional:
+    itself)."""
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(np.shape(v), _canonical(v.dtype)), value)
+
+
+def _held(value: Any) -> Any:
+    """A value as JAX holds it (each tensor of a sequence too)."""
+    return jax.tree.map(lambda v: jnp.asarray(v, _canonical(v.dtype)), value)
+
+
+def _types(value: Any) -> tuple[Any, tuple[tuple[tuple[int, ...], np.dtype], ...]]:
+    """A value's structure and its tensors' shapes and dtypes, to compare two."""
+    leaves, tree = jax.tree.flatten(value)
+    return tree, tuple((tuple(np.shape(v)), np.dtype(v.dtype)) for v in leaves)
+
+
+def _describe(value: Any) -> str:
+    """A value's type in messages: float32[2, 3], a sequence of n, an empty optional."""
+    if isinstance(value, TensorSeq):
+        return f"a sequence of {len(value)} ({', '.join(_describe(v) for v in value)})"
+    if isinstance(value, NoValue):
+        return "an empty optional"
+    return f"{np.dtype(value.dtype)}{list(np.shape(value))}"
 
 
 def _trace(node: Node, name: str, body: Any, specs: Sequence[Any]) -> _Body:
@@ -90,9 +118,8 @@ def _trace(node: Node, name: str, body: Any, specs: Sequence[Any]) -> _Body:
             outs = body(*args)
         values = []
         for out_name, out in zip(body.output_names, outs, strict=True):
-            if is_static(out):
-                refuse_narrowing(f"{node.where}: {name} output '{out_name}'", out)
-            values.append(jnp.asarray(out, _canonical(out.dtype)))
+            refuse_narrowing_in(f"{node.where}: {name} output '{out_name}'", out)
+            values.append(_held(out))
         return values, dict(checks)
 
     closed, shape = jax.make_jaxpr(run, return_shape=True)(*specs)
@@ -106,11 +133,11 @@ def _same_types(
 ) -> None:
     """Refuses body outputs whose shapes or dtypes differ from what they must equal."""
     for name, a, b in zip(names, given, got, strict=True):
-        if a.shape != b.shape or a.dtype != b.dtype:
+        if _types(a) != _types(b):
             raise ValueError(
-                f"{node.where}: {what} '{name}' is {b.dtype}{list(b.shape)} where "
-                f"{a.dtype}{list(a.shape)} is needed; XLA compiles control flow with fixed "
-                "shapes and dtypes"
+                f"{node.where}: {what} '{name}' is {_describe(b)} where {_describe(a)} is "
+                "needed; XLA compiles control flow with fixed shapes and dtypes (and sequences "
+                "of fixed length)"
             )
 
 
@@ -145,12 +172,13 @@ def _if(node: Node, cond: Any) -> Any:
             f"{len(else_body.outs)}"
         )
     for position, (a, b) in enumerate(zip(then_body.outs, else_body.outs, strict=True)):
-        if a.shape != b.shape or a.dtype != b.dtype:
+        if _types(a) != _types(b):
             raise ValueError(
-                f"{node.where}: output {position} is {a.dtype}{list(a.shape)} in then_branch "
-                f"('{then_branch.output_names[position]}') but {b.dtype}{list(b.shape)} in "
+                f"{node.where}: output {position} is {_describe(a)} in then_branch "
+                f"('{then_branch.output_names[position]}') but {_describe(b)} in "
                 f"else_branch ('{else_branch.output_names[position]}'); with a condition known "
-                "only at run time, XLA needs both branches to agree"
+                "only at run time, XLA needs both branches to agree (sequences in length, "
+                "optionals in emptiness)"
             )
     specs = {**else_body.checks, **then_body.checks}
     outs, checks = lax.cond(
@@ -198,7 +226,7 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
                 f"{node.where}: {what} of shape {list(np.shape(value))} must hold one element"
             )
     counter = _canonical(np.int64)
-    carried = tuple(jnp.asarray(v, _canonical(v.dtype)) for v in carried)
+    carried = tuple(_held(v) for v in carried)
     specs = [
         jax.ShapeDtypeStruct((), counter),
         jax.ShapeDtypeStruct((), np.dtype(bool)),
@@ -207,15 +235,40 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
     known_trip = trip_count is not None and _known(trip_count)
     if cond is not None and _known(cond) and not bool(np.asarray(cond).reshape(())):
         trip_count, known_trip = np.zeros((), np.int64), True  # not one iteration
+    # Sequences and optionals may change type between iterations (a sequence growing):
+    # such a loop is unrolled, and so may hold subgraphs (each call traced in turn).
+    structured = any(map(is_sequence_or_optional, carried))
+    unrollable = known_trip and (cond is None or _known(cond))
     try:
         traced = _trace(node, "body", body, specs)
     except NotStaticError:
-        if not known_trip or (cond is not None and not _known(cond)):
+        if not unrollable:
             raise
         trips = max(int(np.asarray(trip_count).reshape(())), 0)
-        return _unrolled(node, body, trips, carried, k, reads_cond=cond is not None)
+        return _unrolled(node, body, trips, carried, k, cond is not None, nested=structured)
     carried_names = body.output_names[1 : 1 + n]
+    changed = [
+        (name, a, b)
+        for name, a, b in zip(carried_names, specs[2:], traced.outs[1 : 1 + n], strict=True)
+        if _types(a) != _types(b)
+    ]
+    if changed and any(is_sequence_or_optional(v) for _, a, b in changed for v in (a, b)):
+        name, a, b = changed[0]
+        if not unrollable:
+            raise ValueError(
+                f"{node.where}: its loop-carried value '{name}' is {_describe(a)} on entry "
+                f"but {_describe(b)} after an iteration; a sequence that changes length (or "
+                "an optional that changes emptiness) needs the loop unrolled while tracing, "
+                "so the trip count M and the condition must be known while tracing"
+            )
+        trips = max(int(np.asarray(trip_count).reshape(())), 0)
+        return _unrolled(node, body, trips, carried, k, cond is not None, nested=True)
     _same_types(node, "loop-carried output", carried_names, specs[2:], traced.outs[1 : 1 + n])
+    if any(map(is_sequence_or_optional, traced.outs[1 + n :])):
+        raise ValueError(
+            f"{node.where}: a scan output of its body is a sequence or an optional; scan "
+            "outputs are tensors, stacked over the iterations"
+        )
     if traced.outs[0].shape != () or traced.outs[0].dtype != np.dtype(bool):
         raise ValueError(
             f"{node.where}: the body's condition output '{body.output_names[0]}' must be a "
@@ -285,33 +338,48 @@ def unroll_budget(node_runs: int) -> Iterator[None]:
         _UNROLL_BUDGET.reset(token)
 
 
-def _unrolled(node: Node, body: Any, trips: int, carried: Any, k: int, reads_cond: bool) -> Any:
-    """A Loop of a known trip count run iteration by iteration while tracing.
+def spend_unrolled(body: Any, calls: int, *, nested: bool = False) -> str | None:
+    """Takes the node runs of ``calls`` calls of ``body`` (one is counted already) from the
+    trace's budget; why it cannot (the limits it would pass), else None.
 
-    The iteration number is then a host value, as a body that reads it as a shape needs.
-    A condition the body computes must be known while tracing too.
+    ``nested``: the body may hold subgraphs (each call traces them once more).
     """
     budget = _UNROLL_BUDGET.get()
     left = body.max_work if budget is None else budget[0]
-    extra = max(trips - 1, 0) * body.work  # the body counted once already
-    if body.nested or trips > UNROLL_LIMIT or extra > left:
-        raise NotStaticError(
-            f"{node.where}: its body reads a value computed from the iteration number where "
-            f"it must be known while tracing (a shape, Slice's starts); unrolling {trips} "
-            f"iterations of {body.work} nodes is refused (at most {UNROLL_LIMIT} iterations, "
-            f"{left} more node runs within limits=Limits(traced_nodes=...), and no subgraph "
-            "inside the body)"
+    extra = max(calls - 1, 0) * body.work  # the body counted once already
+    if (body.nested and not nested) or calls > UNROLL_LIMIT or extra > left:
+        return (
+            f"at most {UNROLL_LIMIT} calls, {left} more node runs within "
+            f"limits=Limits(traced_nodes=...)" + ("" if nested else ", and no subgraph inside")
         )
     if budget is not None:
         budget[0] -= extra
+    return None
+
+
+def _unrolled(
+    node: Node, body: Any, trips: int, carried: Any, k: int, reads_cond: bool, nested: bool
+) -> Any:
+    """A Loop of a known trip count run iteration by iteration while tracing.
+
+    The iteration number is then a host value, as a body that reads it as a shape needs,
+    and a carried sequence may grow. A condition the body computes must be known while
+    tracing too. ``nested``: the body may hold subgraphs.
+    """
+    refused = spend_unrolled(body, trips, nested=nested)
+    if refused is not None:
+        raise NotStaticError(
+            f"{node.where}: its body reads a value computed from the iteration number where "
+            f"it must be known while tracing (a shape, Slice's starts, a sequence growing); "
+            f"unrolling {trips} iterations of {body.work} nodes is refused ({refused})"
+        )
     n = len(carried)
     values: list[Any] = list(carried)
     scanned: list[list[Any]] = [[] for _ in range(k)]
     for i in range(trips):
         outs = body(np.array(i, np.int64), np.array(True), *values)
         for name, out in zip(body.output_names, outs, strict=True):
-            if is_static(out):
-                refuse_narrowing(f"{node.where}: body output '{name}'", out)
+            refuse_narrowing_in(f"{node.where}: body output '{name}'", out)
         values = list(outs[1 : 1 + n])
         for found, out in zip(scanned, outs[1 + n :], strict=True):
             found.append(out)

@@ -8,6 +8,7 @@ below (``_unary``, ``_binary``, ``_variadic``) or a small ``@register``-ed funct
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -137,6 +138,14 @@ for _name, _fn, _np_fn in [
     ("Cos", jnp.cos, None),
     ("Tan", jnp.tan, None),
     ("Tanh", jnp.tanh, None),
+    ("Asin", jnp.arcsin, None),
+    ("Acos", jnp.arccos, None),
+    ("Atan", jnp.arctan, None),
+    ("Sinh", jnp.sinh, None),
+    ("Cosh", jnp.cosh, None),
+    ("Asinh", jnp.arcsinh, None),
+    ("Acosh", jnp.arccosh, None),
+    ("Atanh", jnp.arctanh, None),
     ("Sigmoid", jax.nn.sigmoid, None),
     ("Relu", jax.nn.relu, lambda x: np.maximum(x, np.zeros((), x.dtype))),  # exact: host too
     ("Softplus", jax.nn.softplus, None),
@@ -153,6 +162,33 @@ def _isinf(node: Node, x: Any) -> Any:
     pos = xp.isposinf(x) if node.get("detect_positive", 1) else xp.zeros(x.shape, bool)
     neg = xp.isneginf(x) if node.get("detect_negative", 1) else xp.zeros(x.shape, bool)
     return xp.logical_or(pos, neg)
+
+
+def _int_compare(xp: Any, x: Any, bound: float, below: bool) -> Any:
+    """``x < bound`` (``below``) or ``x > bound`` for integer x, exactly, in x's dtype."""
+    info = np.iinfo(x.dtype)
+    edge = math.ceil(bound) if below else math.floor(bound)
+    if edge > info.max or edge < info.min:  # every x is on one side of the bound
+        return xp.full(np.shape(x), (edge > info.max) == below)
+    edge_x = np.asarray(edge, x.dtype)
+    return x < edge_x if below else x > edge_x
+
+
+@register("Shrink")
+def _shrink(node: Node, x: Any) -> Any:
+    """``x + bias`` where ``x < -lambd``, ``x - bias`` where ``x > lambd``, else 0.
+
+    The comparisons are exact for integer x; ``bias`` is read in x's dtype
+    (truncated for integers), so the output keeps x's dtype.
+    """
+    xp = _xp(x)
+    bias, lambd = float(node["bias"]), float(node["lambd"])
+    if _is_int(x):
+        low, high = _int_compare(xp, x, -lambd, True), _int_compare(xp, x, lambd, False)
+    else:
+        low, high = x < np.asarray(-lambd, x.dtype), x > np.asarray(lambd, x.dtype)
+    shift = np.asarray(bias, np.float64).astype(x.dtype)
+    return xp.where(low, x + shift, xp.where(high, x - shift, xp.zeros_like(x)))
 
 
 for _name, _fn_name in [

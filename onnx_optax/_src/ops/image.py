@@ -1,4 +1,4 @@
-"""Image ops of ai.onnx: Resize.
+"""Image ops of ai.onnx: Resize, GridSample and AffineGrid.
 
 Resize is separable: each resized axis is one gather of a few taps per output
 position and their weighted sum. The taps and weights (nearest, linear, cubic,
@@ -6,6 +6,11 @@ with antialias and ``exclude_outside``) are computed on the host from the
 output shape, so the output shape, and with it ``scales``, ``sizes`` and
 ``roi``, must be known while tracing: XLA compiles static shapes. The gather is
 differentiable in the input, so a Resize trains like any other op.
+
+GridSample samples at traced points (the grid): the taps of all points are
+gathered at once (:func:`sample_taps`, also DeformConv's and RoiAlign's in
+``spatial``), differentiable in X and in the grid. AffineGrid transforms a base
+grid, computed on the host from the static size, by theta.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -285,3 +291,243 @@ def _resize(node: Node, x: Any, roi: Any = None, scales: Any = None, sizes: Any 
         info = np.iinfo(dtype)
         y = jnp.clip(jnp.round(y), info.min, info.max)
     return y.astype(_canonical(dtype))
+
+
+# ----------------------------------------------------------------------------- GridSample
+
+# GridSample samples X at one point per output position, given by the grid. Each point is
+# a few taps per spatial axis (1 nearest, 2 linear, 4 cubic); their combinations are
+# gathered from X flattened over its spatial axes (one gather of all taps of all points)
+# and summed with the products of the axes' weights. The coordinates are traced values, so
+# the output is differentiable in X and, for linear and cubic, in the grid.
+
+_GRID_MODES = {16: ("bilinear", "nearest", "bicubic"), 20: ("linear", "nearest", "cubic")}
+_GRID_PADDING = ("zeros", "border", "reflection")
+_CUBIC_A = -0.75  # Keys' coefficient, as onnxruntime and PyTorch
+
+
+def _grid_attrs(node: Node) -> tuple[str, str, bool]:
+    """The mode (its opset 20 name), padding_mode and align_corners of a GridSample."""
+    allowed = _GRID_MODES[16 if node.opset < 20 else 20]
+    mode = node.get("mode", allowed[0])
+    padding = node.get("padding_mode", "zeros")
+    for name, value, choices in (("mode", mode, allowed), ("padding_mode", padding, _GRID_PADDING)):
+        if value not in choices:
+            raise ValueError(
+                f"{node.where}: {name} {value!r} is not one of {', '.join(map(repr, choices))} "
+                f"at opset {node.opset}"
+            )
+    align = int(node.get("align_corners", 0))
+    if align not in (0, 1):
+        raise ValueError(f"{node.where}: align_corners {align} must be 0 or 1")
+    return {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode), padding, bool(align)
+
+
+def _reflect(x: Any, lo: float, hi: float) -> Any:
+    """``x`` reflected at ``lo`` and ``hi`` until it lies between them (identity inside).
+
+    A point ``d`` past a border lands at ``d mod (hi - lo)`` from it after an even
+    number of bounces, from the other border after an odd one.
+    """
+    span = hi - lo
+    if span <= 0:
+        return jnp.full_like(x, lo)
+    below = x < lo
+    past = jnp.where(below, lo - x, x - hi)
+    bounces = jnp.floor(jnp.maximum(past, 0) / span)
+    rest = past - bounces * span
+    even = bounces % 2 == 0
+    from_lo, from_hi = lo + rest, hi - rest
+    out = jnp.where(below == even, from_lo, from_hi)
+    return jnp.where((x >= lo) & (x <= hi), x, out)
+
+
+def _cubic_weights(t: Any) -> list[Any]:
+    """Keys' cubic weights of the taps at -1, 0, 1, 2 for a point ``t`` in [0, 1) past tap 0.
+
+    ``k(s) = (a+2)|s|^3 - (a+3)|s|^2 + 1`` for ``|s| <= 1``,
+    ``a|s|^3 - 5a|s|^2 + 8a|s| - 4a`` for ``1 < |s| < 2``.
+    """
+    a = _CUBIC_A
+
+    def near(s: Any) -> Any:
+        return ((a + 2) * s - (a + 3)) * s * s + 1
+
+    def far(s: Any) -> Any:
+        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def grid_taps(x: Any, size: int, mode: str, padding: str, align: bool) -> tuple[Any, Any]:
+    """Indices and weights, each ``x.shape + (taps,)``, of pixel coordinates ``x`` on an axis.
+
+    The coordinate is first brought inside the axis' borders (``[0, size-1]`` with
+    align_corners, else ``[-0.5, size-0.5]``) by the padding mode (border clamps,
+    reflection reflects; nearest rounds half to even first), then each tap outside
+    the axis reads 0 (zeros), the nearest pixel (border) or its reflection.
+    Cubic with border clamps the taps alone, as onnxruntime and PyTorch do (onnx's
+    reference clamps the coordinate too, which moves the taps' weights).
+    """
+    lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+    if mode == "nearest":
+        x = jnp.round(x)
+    outside = (x < lo) | (x > hi)
+    if padding == "border" and mode != "cubic":
+        x = jnp.where(outside, jnp.clip(x, 0, size - 1), x)
+    elif padding == "reflection":
+        x = _reflect(x, lo, hi)
+    if mode == "nearest":
+        index = jnp.trunc(x)[..., None]
+        weights = jnp.ones_like(index)
+    else:
+        base = jnp.floor(x)
+        t = x - base
+        first = 0 if mode == "linear" else -1
+        offsets = np.arange(first, 2 - first, dtype=np.dtype(x.dtype))
+        index = base[..., None] + offsets
+        weights = jnp.stack([1 - t, t] if mode == "linear" else _cubic_weights(t), axis=-1)
+    if padding == "zeros":
+        weights = jnp.where((index >= 0) & (index <= size - 1), weights, 0)
+    elif padding == "reflection":
+        index = jnp.trunc(_reflect(index, lo, hi))
+    index = jnp.clip(index, 0, size - 1).astype(np.int32)
+    return index, weights
+
+
+def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool) -> Any:
+    """``sum over tap combinations of prod_i w_i * data[b, c, i_1, ..., i_r]``, shape (B, C, Q).
+
+    ``data`` is ``(B, C, *S)``; ``taps`` holds, per spatial axis, indices and
+    weights of shape ``(B, Q, k_i)``. ``exact``: the weights are 0 or 1 (nearest),
+    so the values are picked, not multiplied (exact for any dtype).
+    """
+    b, c, *spatial = data.shape
+    q = taps[0][0].shape[1]
+    rank = len(spatial)
+    strides = [math.prod(spatial[i + 1 :]) for i in range(rank)]
+    flat: Any = 0
+    weight: Any = 1
+    for i, (index, w) in enumerate(taps):
+        shape = [b, q] + [1] * rank
+        shape[2 + i] = index.shape[-1]
+        flat = flat + index.reshape(shape) * strides[i]
+        weight = weight * w.reshape(shape)
+    count = math.prod(index.shape[-1] for index, _ in taps)
+    check_size(node, [b, c, q, count], data.dtype, "gathered taps")
+    if math.prod([b, c, q, *spatial]) == 0:  # nothing to pick, or every tap outside X
+        return jnp.zeros((b, c, q), data.dtype)
+    # channels last: each tap gathers one contiguous row of C values (and its gradient
+    # scatters one), not C separate elements
+    rows = jnp.moveaxis(data.reshape(b, c, math.prod(spatial)), 1, 2)  # (B, S, C)
+    values = jax.vmap(lambda d, i: jnp.take(d, i, axis=0, mode="clip"))(
+        rows, flat.reshape(b, q * count)
+    ).reshape(b, q, count, c)
+    weight = weight.reshape(b, q, count, 1)
+    if exact:
+        picked = jnp.where(weight > 0, values, jnp.zeros((), values.dtype)).sum(axis=2)
+    else:
+        picked = (values * weight.astype(values.dtype)).sum(axis=2)
+    return jnp.moveaxis(picked, 2, 1)
+
+
+def _work_dtype(*dtypes: Any) -> np.dtype:
+    """float64 when an input is, else float32 (half types are computed in float32)."""
+    wide = any(np.dtype(d) == np.float64 for d in dtypes)
+    return _canonical(np.float64 if wide else np.float32)
+
+
+def _grid_shapes(node: Node, x: Any, grid: Any) -> None:
+    rank = np.ndim(x) - 2
+    if rank < 1 or np.ndim(grid) != rank + 2 or grid.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"{node.where}: X of shape {list(np.shape(x))} and grid of shape "
+            f"{list(np.shape(grid))} must be (N, C, D1, ..., Dr) and (N, D1_out, ..., Dr_out, r)"
+        )
+    if grid.shape[-1] != rank:
+        raise ValueError(
+            f"{node.where}: grid of shape {list(grid.shape)} must end in {rank} coordinates "
+            f"for X's {rank} spatial axes"
+        )
+    if node.opset < 20 and rank != 2:
+        raise ValueError(
+            f"{node.where}: GridSample at opset {node.opset} takes 4-D X; N-D needs opset 20"
+        )
+
+
+@register("GridSample")
+def _grid_sample(node: Node, x: Any, grid: Any) -> Any:
+    """``Y[n, c, o] = sum_taps w * X[n, c, taps(u(grid[n, o]))]``, ``u`` the pixel coordinate.
+
+    grid holds normalized coordinates in reverse axis order (``grid[..., 0]`` is
+    the last axis): ``u = (g + 1) / 2 * (size - 1)`` with align_corners, else
+    ``u = ((g + 1) * size - 1) / 2``; :func:`grid_taps` gives each axis' taps.
+    """
+    mode, padding, align = _grid_attrs(node)
+    _grid_shapes(node, x, grid)
+    if np.issubdtype(np.dtype(x.dtype), np.complexfloating) or np.dtype(x.dtype).kind in "OSU":
+        raise TypeError(f"{node.where}: GridSample of X of type {x.dtype} is not supported")
+    n, c, *spatial = x.shape
+    out_spatial = list(grid.shape[1:-1])
+    dtype = _canonical(x.dtype)
+    check_size(node, [n, c, *out_spatial], dtype)
+    if math.prod([n, c, *out_spatial]) == 0 or math.prod(spatial) == 0:
+        return jnp.zeros((n, c, *out_spatial), dtype)
+    work = _work_dtype(x.dtype, grid.dtype)
+    q = math.prod(out_spatial)
+    points = jnp.asarray(grid).astype(work).reshape(n, q, len(spatial))
+    taps = []
+    for axis, size in enumerate(spatial):
+        g = points[:, :, len(spatial) - 1 - axis]
+        u = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+        taps.append(grid_taps(u, size, mode, padding, align))
+    exact = mode == "nearest"
+    data = jnp.asarray(x) if exact else jnp.asarray(x).astype(work)
+    y = sample_taps(node, data, taps, exact)
+    return y.reshape(n, c, *out_spatial).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- AffineGrid
+
+
+def _base_axis(size: int, align: bool) -> np.ndarray:
+    """Normalized pixel centers of an axis: ``linspace(-1, 1, size)`` with align_corners,
+    else ``(2i + 1) / size - 1``."""
+    if align:
+        return np.linspace(-1.0, 1.0, size) if size > 1 else np.full(size, -1.0)
+    return (2 * np.arange(size) + 1) / size - 1
+
+
+@register("AffineGrid", static=(1,))
+def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
+    """``grid[n, d, h, w] = theta[n] @ (x_w, y_h, z_d, 1)``, the normalized base grid
+    transformed (2-D: ``theta`` (N, 2, 3) and size (N, C, H, W); 3-D: (N, 3, 4), 5 sizes)."""
+    dims = [int(d) for d in np.asarray(size).reshape(-1)]
+    align = int(node.get("align_corners", 0))
+    if align not in (0, 1):
+        raise ValueError(f"{node.where}: align_corners {align} must be 0 or 1")
+    if len(dims) not in (4, 5) or any(d < 0 for d in dims):
+        raise ValueError(
+            f"{node.where}: size {dims} must be (N, C, H, W) or (N, C, D, H, W), non-negative"
+        )
+    rank = len(dims) - 2
+    if tuple(np.shape(theta)) != (dims[0], rank, rank + 1):
+        raise ValueError(
+            f"{node.where}: theta of shape {list(np.shape(theta))} must be "
+            f"{[dims[0], rank, rank + 1]} for size {dims}"
+        )
+    spatial = dims[2:]
+    dtype = _canonical(theta.dtype)
+    check_size(node, [dims[0], *spatial, rank], dtype)
+    check_size(node, [*spatial, rank + 1], np.float64, "base grid")
+    axes = [_base_axis(s, bool(align)) for s in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    base = np.stack([*mesh[::-1], np.ones(spatial)], axis=-1).reshape(-1, rank + 1)
+    work = _work_dtype(theta.dtype)
+    grid = jnp.einsum(
+        "pk,nik->npi",
+        jnp.asarray(base, work),
+        jnp.asarray(theta).astype(work),
+        precision="highest",
+    )
+    return grid.reshape(dims[0], *spatial, rank).astype(dtype)

@@ -1,8 +1,8 @@
 """The ``ai.onnx.ml`` ops that scikit-learn exports (skl2onnx) put around a model.
 
 Inference only: ``ArrayFeatureExtractor`` (a classifier's label, ``classes[argmax]``),
-``Scaler``, ``Normalizer``, ``LinearRegressor``, ``LinearClassifier`` and the
-numeric encoders ``LabelEncoder``, ``Imputer``, ``OneHotEncoder``, each a
+``Scaler``, ``Normalizer``, ``Binarizer``, ``LinearRegressor``, ``LinearClassifier``
+and the numeric encoders ``LabelEncoder``, ``Imputer``, ``OneHotEncoder``, each a
 small function registered into the one registry (``ops.registry``) under the
 ``ai.onnx.ml`` domain; attributes arrive with the ai.onnx.ml schema's defaults
 for the model's ai.onnx.ml opset.
@@ -368,6 +368,26 @@ def _linear_classifier(node: Node, x: Any) -> tuple[Any, Any]:
         p = jax.nn.sigmoid(score) if transform == "LOGISTIC" else score
         return label, jnp.stack([1 - p, p], axis=1)
     return jnp.take(table, _first_max(scores)), _post_transform(scores, transform)
+
+
+@register("Binarizer", domain=ML_DOMAIN)
+def _binarizer(node: Node, x: Any) -> Any:
+    """``1 if x > threshold else 0``, elementwise, in x's dtype (NaN gives 0).
+
+    For integer X the comparison is exact: ``x > floor(threshold)``.
+    """
+    _check_dtype(node, x, "X", _FEATURES)
+    threshold = float(node["threshold"])
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        info = jnp.iinfo(x.dtype)
+        edge = math.floor(threshold)
+        if edge >= info.max or edge < info.min:
+            return jnp.full(x.shape, 0 if edge >= info.max else 1, x.dtype)
+        above = x > np.asarray(edge, x.dtype)
+    else:
+        above = x > np.asarray(threshold, x.dtype)
+    return above.astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- encoders

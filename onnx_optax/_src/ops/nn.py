@@ -1,8 +1,9 @@
 """Neural-network ops of ai.onnx: activations, Softmax, MatMul, Conv, pools, normalizations.
 
 Activations, the Softmax family, MatMul/Gemm/Einsum, Conv and ConvTranspose,
-pooling, BatchNormalization/InstanceNormalization/LayerNormalization and Dropout
-(inference only).
+pooling and MaxUnpool, BatchNormalization/InstanceNormalization/LayerNormalization/
+GroupNormalization/MeanVarianceNormalization and Dropout (training mode with a seeded
+key: see ``onnx_optax._src.random_keys``).
 
 Each is a small ``@register``-ed function over jax.numpy/lax; an op's lowering
 choices live beside it. To add a layer or an activation, register it here under
@@ -21,12 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from onnx_optax._src import random_keys
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops.arrays import (
+    _axes,
     _axis,
     _broadcast_check,
     _canonical,
     _cast,
+    _checked_indices,
     _same_dtype,
     _xp,
     _xp_sized,
@@ -778,6 +782,41 @@ def _global_max_pool(node: Node, x: Any) -> Any:
     return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
+@register("MaxUnpool", static=(2,))
+def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> Any:
+    """MaxPool's inverse: zeros of ``(N, C, (D - 1) * stride - pad_begin - pad_end +
+    kernel, ...)`` holding ``x`` at ``indices`` (flat into that whole tensor, as MaxPool's
+    second output), the rest zero; an ``output_shape`` as large or larger pads it with
+    zeros at the end of each axis (as onnx's node cases and reference; onnxruntime
+    instead reads the indices into ``output_shape``)."""
+    _pooled_input(node, x)
+    n = x.ndim - 2
+    kernel = _attr_ints(node, "kernel_shape", n, 1, 1)
+    strides = _attr_ints(node, "strides", n, 1, 1)
+    pads = _attr_ints(node, "pads", 2 * n, 0, 0)
+    if tuple(np.shape(indices)) != tuple(x.shape):
+        raise ValueError(
+            f"{node.where}: indices of shape {list(np.shape(indices))} must have X's shape "
+            f"{list(x.shape)}"
+        )
+    inferred = [*x.shape[:2]] + [
+        (size - 1) * s - pads[i] - pads[n + i] + k
+        for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=True))
+    ]
+    shape = inferred if output_shape is None else [int(d) for d in np.reshape(output_shape, -1)]
+    if len(shape) != x.ndim or any(d < i for d, i in zip(shape, inferred, strict=True)):
+        raise ValueError(
+            f"{node.where}: output_shape {shape} must have X's rank and be at least {inferred} "
+            "on each axis"
+        )
+    check_size(node, shape, x.dtype)
+    total = math.prod(inferred)
+    flat = _checked_indices(node, jnp.asarray(indices).reshape(-1), total, "indices")
+    y = jnp.zeros(total, x.dtype).at[flat].set(jnp.asarray(x).reshape(-1), mode="drop")
+    y = y.reshape(inferred)
+    return jnp.pad(y, [(0, d - i) for d, i in zip(shape, inferred, strict=True)])
+
+
 # ----------------------------------------------------------------------------- normalization
 
 
@@ -863,17 +902,104 @@ def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
     return (y, mean, inv_std)[: node.n_outputs]
 
 
+@register("MeanVarianceNormalization")
+def _mean_variance_norm(node: Node, x: Any) -> Any:
+    """``(x - mean) / (std + 1e-9)``, mean and std over ``axes`` (default N and the spatial
+    axes 0, 2, 3), as the op's function body in the spec."""
+    axes = _axes([int(a) for a in node["axes"]], x.ndim, node.where)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True))
+    return (x - mean) / (std + np.asarray(1e-9, x.dtype))
+
+
+@register("GroupNormalization")
+def _group_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
+    """``scale * (x - mean) / sqrt(var + epsilon) + bias``, the statistics per sample and
+    group of ``C / num_groups`` consecutive channels (over them and the spatial axes).
+
+    ``scale`` and ``bias`` hold one value per channel (opset 21) or per group (opset
+    18); the statistics are computed in ``stash_type`` (opset 21; float32 by default).
+    """
+    if np.ndim(x) < 3:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, D1, ...)")
+    groups, channels = int(node["num_groups"]), x.shape[1]
+    if groups < 1 or channels % groups:
+        raise ValueError(
+            f"{node.where}: num_groups {groups} must be positive and divide the {channels} "
+            f"channels of X of shape {list(x.shape)}"
+        )
+    per = channels if node.opset >= 21 else groups
+    for name, value in (("scale", scale), ("bias", bias)):
+        if tuple(np.shape(value)) != (per,):
+            what = "channels" if node.opset >= 21 else "groups"
+            raise ValueError(
+                f"{node.where}: {name} of shape {list(np.shape(value))} must hold one value per "
+                f"{what[:-1]} ({per}) at opset {node.opset}"
+            )
+    stash = tensor_dtype(node.get("stash_type", 1), node.where) if node.opset >= 21 else x.dtype
+    xs = x.astype(_canonical(stash)).reshape((x.shape[0], groups, -1))
+    mean = jnp.mean(xs, axis=2, keepdims=True)
+    var = jnp.mean(jnp.square(xs - mean), axis=2, keepdims=True)
+    normed = ((xs - mean) * lax.rsqrt(var + np.asarray(node["epsilon"], xs.dtype))).astype(x.dtype)
+    normed = normed.reshape(x.shape)
+    if node.opset < 21:  # one value per group, for each of its channels
+        scale, bias = (jnp.repeat(v, channels // groups) for v in (scale, bias))
+    return normed * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
 @register("Dropout")
 def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
-    del ratio
-    training = training_mode is not None and (not is_static(training_mode) or bool(training_mode))
-    if training or (node.opset < 7 and not node.get("is_test", 0) and node.n_outputs > 1):
+    """Dropout: ``y = x`` in inference mode; in training mode ``y = mask * x / (1 - ratio)``.
+
+    ``mask`` keeps each element with probability ``1 - ratio`` (``u >= ratio``, ``u``
+    uniform in [0, 1)), drawn from :func:`_dropout_key`. Training mode is opset 12's
+    ``training_mode`` input when true (a traced one selects at run time); ratio 0 is the
+    identity with every element kept. The gradient is ``mask / (1 - ratio)``: zero where
+    an element was dropped.
+    """
+    if node.opset < 7 and not node.get("is_test", 0) and node.n_outputs > 1:
         raise ValueError(
-            f"{node.where}: Dropout in training mode is not supported (inference only)"
+            f"{node.where}: Dropout of opset {node.opset} in training mode (is_test=0) is "
+            "not supported; convert the model to opset 12 or later, where training_mode says it"
         )
-    xp = _xp(x)  # a mask of a traced X is built in-graph, not as a host constant
-    mask = xp.ones(x.shape, bool) if node.opset >= 10 else xp.ones(x.shape, x.dtype)
-    return (x, mask)[: node.n_outputs]
+    kept = _xp(x).ones(x.shape, bool) if node.opset >= 10 else _xp(x).ones(x.shape, x.dtype)
+    off = training_mode is None or (is_static(training_mode) and not bool(training_mode))
+    if off or (ratio is not None and is_static(ratio) and float(ratio) == 0):
+        return (x, kept)[: node.n_outputs]
+    rate = jnp.asarray(0.5 if ratio is None else ratio, jnp.float32)
+    if ratio is not None and is_static(ratio) and not 0 <= float(ratio) < 1:
+        raise ValueError(f"{node.where}: ratio must be in [0, 1), got {float(ratio)}")
+    keep = jax.random.uniform(_dropout_key(node), x.shape, jnp.float32) >= rate
+    # A fed ratio of 1 drops everything: scale 0, not inf (whose 0 * inf is a NaN gradient).
+    scale = jnp.where(rate < 1, 1 / (1 - rate), 0).astype(x.dtype)
+    y = jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+    mask = keep if node.opset >= 10 else keep.astype(x.dtype)
+    if not is_static(training_mode):  # fed: chosen when the step runs
+        y = jnp.where(training_mode, y, x)
+        mask = jnp.where(training_mode, mask, jnp.ones((), mask.dtype))
+    return (y, mask)[: node.n_outputs]
+
+
+def _dropout_key(node: Node) -> Any:
+    """The key of a training-mode Dropout node: the step's key folded with the node's name
+    inside a ``Session(seed=)``, else its ``seed`` attribute; else a ValueError."""
+    step = random_keys.current()
+    if step is not None and step.key is not None:
+        return random_keys.node_key(step.key, f"{node.where} -> {node.outputs[0]}")
+    if step is not None:
+        raise ValueError(
+            f"{node.where}: Dropout runs in training mode (training_mode is true), which draws "
+            f"random masks; give {step.owner} a seed (Session(model, seed=0)) to draw them "
+            "reproducibly"
+        )
+    seed = node.get("seed")
+    if seed is None:
+        raise ValueError(
+            f"{node.where}: Dropout runs in training mode (training_mode is true) and has no "
+            "seed attribute to draw its mask from; set the node's seed attribute, or run the "
+            "model in training.Session(model, seed=...)"
+        )
+    return jax.random.key(int(seed))
 
 
 # ----------------------------------------------------------------------------- LRN

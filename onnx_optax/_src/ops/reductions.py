@@ -1,4 +1,4 @@
-"""Reductions of ai.onnx: the Reduce* ops, ArgMax/ArgMin, TopK and CumSum/CumProd.
+"""Reductions of ai.onnx: the Reduce* ops, ArgMax/ArgMin, TopK, CumSum/CumProd and Det.
 
 The Reduce* ops read their axes from an input (newer opsets) or an attribute
 (older ones).
@@ -166,3 +166,16 @@ def _top_k(node: Node, x: Any, k: Any = None) -> Any:
     order = jnp.argsort(x, axis=axis, stable=True, descending=bool(node.get("largest", 1)))
     index = lax.slice_in_dim(order, 0, count, axis=axis)
     return jnp.take_along_axis(x, index, axis=axis), index.astype(_canonical(np.int64))
+
+
+@register("Det")
+def _det(node: Node, x: Any) -> Any:
+    """The determinant of each ``[M, M]`` matrix of ``[*, M, M]`` (LU; float16 and bfloat16
+    computed in float32); differentiable."""
+    if np.ndim(x) < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(
+            f"{node.where}: X of shape {list(np.shape(x))} must be [*, M, M] (square matrices)"
+        )
+    x = jnp.asarray(x)
+    work = x.dtype if np.dtype(x.dtype).itemsize >= 4 else np.dtype(np.float32)
+    return jnp.linalg.det(x.astype(work)).astype(x.dtype)

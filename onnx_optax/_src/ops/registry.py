@@ -46,6 +46,7 @@ class Node:
     n_outputs: int
     max_bytes: int = MAX_TENSOR_BYTES  # the largest tensor the node may compute
     inputs: tuple[str, ...] = ()  # the input names, for messages
+    outputs: tuple[str, ...] = ()  # the output names (unique in a graph: a random op's key)
 
     def input_name(self, position: int) -> str:
         """How messages name input ``position``: its name, else its position."""

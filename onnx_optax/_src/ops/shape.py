@@ -2,8 +2,9 @@
 
 Shape, Size, Reshape, Flatten, Transpose, Squeeze/Unsqueeze, Concat, Split,
 Slice, Gather/GatherElements/GatherND, ScatterND/ScatterElements, Expand, Tile,
-Pad, DepthToSpace/SpaceToDepth, Trilu, and Identity, Constant, ConstantOfShape,
-Range, OneHot, EyeLike. Shape-valued inputs are static
+Pad, CenterCropPad, DepthToSpace/SpaceToDepth, Trilu, ReverseSequence, TensorScatter,
+Upsample (Resize of opset 10), and Identity, Constant, ConstantOfShape, Range, OneHot,
+EyeLike. Shape-valued inputs are static
 (``register(..., static=...)``), and these ops compute with numpy on static
 values, so shape arithmetic folds while tracing. A new op that moves, cuts or
 makes tensors goes here.
@@ -11,6 +12,7 @@ makes tensors goes here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -35,6 +37,7 @@ from onnx_optax._src.ops.arrays import (
     check_size,
     is_static,
 )
+from onnx_optax._src.ops.image import _resize
 from onnx_optax._src.ops.registry import Node, register
 
 
@@ -372,6 +375,42 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     return xp.pad(x, widths_, mode=mode)
 
 
+@register("CenterCropPad", static=(1,))
+def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
+    """Each of ``axes`` cut or zero-padded to its size in ``shape``, centred.
+
+    An axis of ``d`` cut to ``s < d`` keeps ``[(d - s) // 2, (d - s) // 2 + s)``;
+    one padded to ``s > d`` gets ``(s - d) // 2`` zeros before and the rest after.
+    """
+    rank = np.ndim(x)
+    given = node.get("axes")
+    axes = list(range(rank)) if given is None else list(_axes(given, rank, node.where))
+    sizes = _ints(shape)
+    if len(sizes) != len(axes):
+        raise ValueError(
+            f"{node.where}: shape {sizes} holds {len(sizes)} sizes for {len(axes)} axes "
+            f"({axes}) of an input of shape {list(np.shape(x))}"
+        )
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"{node.where}: shape {sizes} holds a negative size")
+    out = list(np.shape(x))
+    for axis, size in zip(axes, sizes, strict=True):
+        out[axis] = size
+    check_size(node, out, x.dtype)
+    crop = [slice(None)] * rank
+    widths = [(0, 0)] * rank
+    for axis, size in zip(axes, sizes, strict=True):
+        dim = x.shape[axis]
+        if size < dim:
+            start = (dim - size) // 2
+            crop[axis] = slice(start, start + size)
+        elif size > dim:
+            before = (size - dim) // 2
+            widths[axis] = (before, size - dim - before)
+    cropped = x[tuple(crop)]
+    return _xp(x).pad(cropped, widths) if any(w != (0, 0) for w in widths) else cropped
+
+
 def _blocks(node: Node, x: Any) -> tuple[int, int, int, int, int]:
     """blocksize and the N, C, H, W of a rank-4 input; a clear error for anything else."""
     b = int(node["blocksize"])
@@ -576,3 +615,106 @@ def _eye_like(node: Node, x: Any) -> Any:
     if rows * cols > HOST_FOLD_ELEMENTS:  # a big one is made on the device
         return jnp.asarray(eye).astype(_canonical(dtype))
     return eye.astype(dtype)
+
+
+@register("ReverseSequence")
+def _reverse_sequence(node: Node, x: Any, lengths: Any) -> Any:
+    """Each batch entry ``b`` with its first ``sequence_lens[b]`` steps along ``time_axis``
+    reversed, the rest kept (a gather; differentiable in x)."""
+    rank = np.ndim(x)
+    if rank < 2:
+        raise ValueError(f"{node.where}: input of shape {list(np.shape(x))} needs rank >= 2")
+    batch = _axis(int(node["batch_axis"]), rank, node.where)
+    time = _axis(int(node["time_axis"]), rank, node.where)
+    if {batch, time} != {0, 1}:
+        raise ValueError(
+            f"{node.where}: batch_axis {batch} and time_axis {time} must be 0 and 1, either way"
+        )
+    _int_check(node, lengths, "sequence_lens")
+    if tuple(np.shape(lengths)) != (x.shape[batch],):
+        raise ValueError(
+            f"{node.where}: sequence_lens of shape {list(np.shape(lengths))} must hold one "
+            f"length per batch entry ({x.shape[batch]})"
+        )
+    steps = x.shape[time]
+    check_at_run(
+        f"{node.where}: sequence_lens hold {{}}, outside [0, {steps}]",
+        (lengths < 0) | (lengths > steps),
+        lengths,
+    )
+    shape = [1] * rank
+    shape[time] = steps
+    t = jnp.arange(steps).reshape(shape)
+    shape[time], shape[batch] = 1, x.shape[batch]
+    n = jnp.asarray(lengths).astype(t.dtype).reshape(shape)
+    source = jnp.broadcast_to(jnp.where(t < n, n - 1 - t, t), x.shape)
+    return jnp.take_along_axis(jnp.asarray(x), source, axis=time)
+
+
+@register("TensorScatter")
+def _tensor_scatter(node: Node, cache: Any, update: Any, write_indices: Any = None) -> Any:
+    """``cache`` with ``update`` written along ``axis`` from ``write_indices[b]`` on for each
+    batch entry b (0 when absent); ``circular`` mode wraps around the axis, ``linear``
+    must stay within it (checked). Differentiable in both tensors."""
+    mode = node["mode"]
+    if mode not in ("linear", "circular"):
+        raise ValueError(f"{node.where}: mode {mode!r} is not 'linear' or 'circular'")
+    _same_dtype(node, cache, update)
+    rank = np.ndim(cache)
+    axis = _axis(int(node["axis"]), rank, node.where)
+    if axis == 0:
+        raise ValueError(f"{node.where}: axis 0 is the batch axis; the sequence axis follows it")
+    room, given = cache.shape[axis], list(np.shape(update))
+    fits = len(given) == rank and all(
+        u == c for i, (u, c) in enumerate(zip(given, cache.shape, strict=True)) if i != axis
+    )
+    steps = given[axis] if fits else 0
+    if not fits or steps > room:
+        raise ValueError(
+            f"{node.where}: update of shape {list(np.shape(update))} does not fit past_cache of "
+            f"shape {list(cache.shape)} (the same but at most as long on axis {axis})"
+        )
+    batch = cache.shape[0]
+    if write_indices is None:
+        write_indices = np.zeros(batch, np.int64)
+    _int_check(node, write_indices, "write_indices")
+    if tuple(np.shape(write_indices)) != (batch,):
+        raise ValueError(
+            f"{node.where}: write_indices of shape {list(np.shape(write_indices))} must hold "
+            f"one index per batch entry ({batch})"
+        )
+    start = jnp.asarray(write_indices)
+    top = room if mode == "circular" else room - steps
+    check_at_run(
+        f"{node.where}: write_indices hold {{}}, outside [0, {top}] ({mode} mode, {steps} "
+        f"steps into {room})",
+        (start < 0) | (start > top),
+        start,
+    )
+    positions = start[:, None] + jnp.arange(steps, dtype=start.dtype)
+    if mode == "circular":
+        positions = positions % room
+    moved = jnp.moveaxis(jnp.asarray(cache), axis, 1)
+    rows = jnp.arange(batch)[:, None]
+    out = moved.at[rows, positions].set(jnp.moveaxis(jnp.asarray(update), axis, 1))
+    return jnp.moveaxis(out, 1, axis)
+
+
+@register("Upsample", static=(1,))
+def _upsample(node: Node, x: Any, scales: Any = None) -> Any:
+    """Resize of opset 10 (asymmetric coordinates, nearest or linear) by ``scales``: the
+    attribute before opset 9, the input after (the op is deprecated since opset 10)."""
+    if node.opset < 7:
+        raise ValueError(f"{node.where}: Upsample before opset 7 (experimental) is not supported")
+    if node.opset < 9:
+        scales = np.asarray(node["scales"], np.float32)
+    mode = {"bilinear": "linear"}.get(node["mode"], node["mode"])
+    if mode not in ("nearest", "linear"):
+        raise ValueError(f"{node.where}: mode {node['mode']!r} is not 'nearest' or 'linear'")
+    if scales is None or np.size(scales) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: scales must hold one factor per axis of X of shape "
+            f"{list(np.shape(x))}, got {None if scales is None else np.asarray(scales).tolist()}"
+        )
+    as_resize = dataclasses.replace(node, attrs={**node.attrs, "mode": mode}, opset=10)
+    return _resize(as_resize, x, np.asarray(scales, np.float32))
