@@ -18,6 +18,9 @@ imports every family, so whoever reads the registry sees them all.
   traced points)
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
 - ``ml``: the ai.onnx.ml ops scikit-learn exports put around a model
+- ``text``: TfIdfVectorizer over integer tokens
+- ``trees``: the ai.onnx.ml tree ensembles (TreeEnsembleRegressor,
+  TreeEnsembleClassifier, TreeEnsemble), all trees at once in gather steps
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
 - ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
@@ -59,6 +62,8 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     shape,
     signal,
     spatial,
+    text,
+    trees,
 )
 from onnx_optax._src.ops.arrays import (
     NotStaticError,

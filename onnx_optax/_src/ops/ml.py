@@ -1,7 +1,8 @@
 """The ``ai.onnx.ml`` ops that scikit-learn exports (skl2onnx) put around a model.
 
 Inference only: ``ArrayFeatureExtractor`` (a classifier's label, ``classes[argmax]``),
-``Scaler``, ``Normalizer``, ``Binarizer``, ``LinearRegressor`` and ``LinearClassifier``, each a
+``Scaler``, ``Normalizer``, ``Binarizer``, ``LinearRegressor``, ``LinearClassifier``
+and the numeric encoders ``LabelEncoder``, ``Imputer``, ``OneHotEncoder``, each a
 small function registered into the one registry (``ops.registry``) under the
 ``ai.onnx.ml`` domain; attributes arrive with the ai.onnx.ml schema's defaults
 for the model's ai.onnx.ml opset.
@@ -44,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
-from onnx_optax._src.ops.arrays import is_static
+from onnx_optax._src.ops.arrays import check_size, is_static
 from onnx_optax._src.ops.registry import Node, register
 
 ML_DOMAIN = "ai.onnx.ml"
@@ -387,3 +388,178 @@ def _binarizer(node: Node, x: Any) -> Any:
     else:
         above = x > np.asarray(threshold, x.dtype)
     return above.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+def _tensor_or_list(node: Node, tensor: str, names: Sequence[tuple[str, Any]]) -> np.ndarray | None:
+    """The first of a TENSOR attribute and lists (``(name, dtype)``) that is given, or None."""
+    value = node.get(tensor)
+    if value is not None:
+        return np.asarray(value).reshape(-1)
+    for name, dtype in names:
+        items = node.get(name)
+        if items is not None and len(items):
+            return np.asarray(items, dtype).reshape(-1)
+    return None
+
+
+def _label_encoder_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, values and the default (a 1-element array of the values' dtype)."""
+    strings = [n for n in ("classes_strings", "keys_strings", "values_strings") if node.get(n)]
+    for name in ("keys_tensor", "values_tensor", "default_tensor"):
+        value = node.get(name)
+        if value is not None and np.asarray(value).dtype.kind in "OUS":
+            strings.append(name)
+    if strings or node.opset < 2:
+        raise ValueError(
+            f"{node.where}: maps strings ({', '.join(strings) or 'LabelEncoder opset 1'}); "
+            f"{STRINGS_ADVICE}"
+        )
+    keys = _tensor_or_list(node, "keys_tensor", [("keys_floats", _F32), ("keys_int64s", np.int64)])
+    values = _tensor_or_list(
+        node, "values_tensor", [("values_floats", _F32), ("values_int64s", np.int64)]
+    )
+    if keys is None or values is None or keys.size != values.size:
+        raise ValueError(
+            f"{node.where}: needs keys and values of one length, got "
+            f"{0 if keys is None else keys.size} and {0 if values is None else values.size}"
+        )
+    nan = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
+    if np.unique(keys[~nan]).size != int((~nan).sum()) or nan.sum() > 1:
+        raise ValueError(f"{node.where}: its keys repeat a value; each key must map once")
+    given = node.get("default_tensor")
+    if given is not None:
+        if np.size(given) != 1:
+            raise ValueError(
+                f"{node.where}: default_tensor has {np.size(given)} values; it must hold one"
+            )
+        default = np.asarray(given).reshape(-1).astype(values.dtype)
+    elif values.dtype.kind == "f":
+        default = np.asarray([node.get("default_float", -0.0)], values.dtype)
+    else:
+        default = np.asarray([node.get("default_int64", -1)], values.dtype)
+    return keys, values, default
+
+
+def _label_encoder_check(node: Node) -> None:
+    _label_encoder_table(node)
+
+
+@register("LabelEncoder", domain=ML_DOMAIN, check=_label_encoder_check)
+def _label_encoder(node: Node, x: Any) -> Any:
+    """Each element of X replaced by the value of its key, else by the default.
+
+    Numeric keys and values only (opset 2's lists, opset 4's tensors); a NaN
+    key matches a NaN (as onnxruntime). The keys are sorted once, so each
+    element is one binary search (``searchsorted``).
+    """
+    keys, values, default = _label_encoder_table(node)
+    if (np.dtype(x.dtype).kind == "f") != (keys.dtype.kind == "f"):
+        raise TypeError(
+            f"{node.where}: input X has dtype {np.dtype(x.dtype)} but its keys are "
+            f"{keys.dtype}; both must be floats or both integers"
+        )
+    refuse_narrowing(f"{node.where}: keys", keys)
+    refuse_narrowing(f"{node.where}: values", values)
+    held = keys.astype(x.dtype) == keys  # a key X's dtype cannot hold matches nothing
+    if keys.dtype.kind == "f":
+        held |= np.isnan(keys)
+    keys, values = keys[held].astype(x.dtype), values[held]
+    if not keys.size:
+        return jnp.full(np.shape(x), jnp.asarray(default)[0])
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]  # NaN keys sort last
+    x = jnp.asarray(x)
+    at = jnp.clip(jnp.searchsorted(jnp.asarray(keys), x), 0, keys.size - 1)
+    found = jnp.asarray(keys)[at] == x
+    if keys.dtype.kind == "f" and np.isnan(keys).any():
+        found = found | jnp.isnan(x)
+        at = jnp.where(jnp.isnan(x), keys.size - 1, at)
+    return jnp.where(found, jnp.asarray(values)[at], jnp.asarray(default)[0])
+
+
+def _imputer_values(node: Node) -> tuple[np.ndarray, Any]:
+    """The imputed values and the value they replace (float or int64 attributes)."""
+    floats, ints = node.get("imputed_value_floats") or [], node.get("imputed_value_int64s") or []
+    if bool(len(floats)) == bool(len(ints)):
+        raise ValueError(
+            f"{node.where}: exactly one of imputed_value_floats and imputed_value_int64s must "
+            f"be given, got {len(floats)} and {len(ints)} values"
+        )
+    if len(floats):
+        return np.asarray(floats, _F32), np.float32(node.get("replaced_value_float", 0.0))
+    return np.asarray(ints, np.int64), np.int64(node.get("replaced_value_int64", 0))
+
+
+def _imputer_check(node: Node) -> None:
+    _imputer_values(node)
+
+
+@register("Imputer", domain=ML_DOMAIN, check=_imputer_check)
+def _imputer(node: Node, x: Any) -> Any:
+    """``where(X == replaced_value, imputed, X)``; a NaN replaced value matches NaNs.
+
+    One imputed value for all, or one per feature (X's last axis, X ``[N, C]``
+    or ``[C]``); float attributes for float X, int64 ones for integer X.
+    """
+    imputed, replaced = _imputer_values(node)
+    _check_dtype(node, x, "X", _FEATURES)
+    is_float = np.dtype(x.dtype).kind == "f"
+    if is_float != (imputed.dtype.kind == "f"):
+        raise TypeError(
+            f"{node.where}: input X has dtype {np.dtype(x.dtype)} but the imputed values are "
+            f"{'floats' if imputed.dtype.kind == 'f' else 'int64s'}; give imputed_value_"
+            f"{'floats' if is_float else 'int64s'} for it"
+        )
+    if imputed.size > 1 and (np.ndim(x) not in (1, 2) or x.shape[-1] != imputed.size):
+        raise ValueError(
+            f"{node.where}: {imputed.size} imputed values, one per feature, but X has shape "
+            f"{list(np.shape(x))}"
+        )
+    x = jnp.asarray(x)
+    refuse_narrowing(f"{node.where}: imputed values", imputed)
+    fill = jnp.asarray(imputed, x.dtype)
+    hit = jnp.isnan(x) if is_float and np.isnan(replaced) else x == jnp.asarray(replaced, x.dtype)
+    return jnp.where(hit, fill if imputed.size > 1 else fill[0], x)
+
+
+def _one_hot_categories(node: Node) -> np.ndarray:
+    if node.get("cats_strings"):
+        raise ValueError(
+            f"{node.where}: its categories are strings (cats_strings); {STRINGS_ADVICE}"
+        )
+    cats = np.asarray(node.get("cats_int64s") or [], np.int64)
+    if not cats.size:
+        raise ValueError(f"{node.where}: cats_int64s is empty; it must list the categories")
+    return cats
+
+
+def _one_hot_check(node: Node) -> None:
+    _one_hot_categories(node)
+
+
+@register("OneHotEncoder", domain=ML_DOMAIN, check=_one_hot_check)
+def _one_hot_encoder(node: Node, x: Any) -> Any:
+    """``Y[..., k] = (X == cats_int64s[k])`` as float32, shape ``X.shape + [len(cats)]``.
+
+    A float X is compared after truncation to int64 (as onnxruntime). With
+    ``zeros=0`` a value in no category is an error, raised after the run.
+    """
+    from onnx_optax._src.ops.arrays import check_at_run
+
+    cats = _one_hot_categories(node)
+    _check_dtype(node, x, "X", _FEATURES)
+    refuse_narrowing(f"{node.where}: cats_int64s", cats)
+    check_size(node, (*np.shape(x), cats.size), _F32)
+    x = jnp.asarray(x)
+    values = x.astype(cats.dtype) if np.dtype(x.dtype).kind == "f" else x
+    table = jnp.asarray(cats).astype(values.dtype)
+    hits = values[..., None] == table
+    if not int(node["zeros"]):
+        unknown = ~jnp.any(hits, axis=-1)
+        check_at_run(
+            f"{node.where}: input X holds {{}}, which is in no category (zeros=0)", unknown, values
+        )
+    return hits.astype(_F32)
