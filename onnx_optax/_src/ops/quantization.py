@@ -33,7 +33,8 @@ from onnx_optax._src.ops.arrays import (
     check_size,
     is_static,
 )
-from onnx_optax._src.ops.nn import _conv, _matmul_shape
+from onnx_optax._src.ops.conv import _conv
+from onnx_optax._src.ops.nn import _matmul_shape
 from onnx_optax._src.ops.registry import Node, register
 
 # The integer types a quantized tensor may have, with their ranges.
