@@ -1,0 +1,141 @@
+"""Hostile attributes against the ops added since the last audit (issue 20, a third audit).
+
+Each test is a finding of the audit of 027012a and fails there: inputs and attributes
+onnxruntime refuses that were computed (a 2-D or scalar TopK K, a NonMaxSuppression
+iou_threshold outside [0, 1] or center_point_box outside {0, 1}, an Attention scale of 0,
+a MatMulInteger zero point that broadcast its input to a larger shape), and a
+QuantizeLinear block longer than its axis, which onnxruntime computes as one block and
+which ended in an OverflowError. Expected values are onnxruntime's (its refusal, or its
+outputs for the same model), or numpy written here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto  # noqa: E402
+
+from onnx_optax import backend  # noqa: E402
+from tests.test_hostile_nn import NAMED, assert_as_onnxruntime, node_model, theirs  # noqa: E402
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _x(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [np.array([[1]], np.int64), np.array(1, np.int64)], ids=["2d", "0d"])
+def test_top_k_takes_k_as_one_value_in_one_dimension(k: np.ndarray) -> None:
+    """The schema's K is a 1-D tensor of one value; onnxruntime refuses other shapes."""
+    model = node_model("TopK", {"x": _x(3, 4)}, consts={"k": k}, outputs=(F, I64))
+    assert theirs(model, {"x": _x(3, 4)}) is None
+    assert_as_onnxruntime(model, {"x": _x(3, 4)})
+
+
+def _nms(iou: float | None = None, **attrs: int) -> onnx.ModelProto:
+    consts = {
+        "boxes": np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 5, 1, 6]]], np.float32),
+        "scores": np.array([[[0.9, 0.8, 0.7]]], np.float32),
+        "max": np.array([3], np.int64),
+    }
+    if iou is not None:
+        consts["iou"] = np.array([iou], np.float32)
+    return node_model("NonMaxSuppression", {}, attrs, consts=consts, outputs=(I64,), rank=2)
+
+
+@pytest.mark.parametrize("iou", [1.5, -0.5, float("nan")])
+def test_non_max_suppression_refuses_an_iou_threshold_outside_0_1(iou: float) -> None:
+    assert theirs(_nms(iou), {}) is None
+    assert_as_onnxruntime(_nms(iou), {})
+
+
+def test_non_max_suppression_refuses_an_unknown_box_format() -> None:
+    assert theirs(_nms(center_point_box=7), {}) is None
+    assert_as_onnxruntime(_nms(center_point_box=7), {})
+
+
+def test_non_max_suppression_within_its_range_still_matches_onnxruntime() -> None:
+    for iou in (0.0, 0.5, 1.0):
+        assert_as_onnxruntime(_nms(iou), {})
+    assert_as_onnxruntime(_nms(0.5, center_point_box=1), {})
+
+
+def _attention(scale: float) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    feeds = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in (("q", (1, 2, 3, 4)), ("k", (1, 2, 5, 4)), ("v", (1, 2, 5, 4)))
+    }
+    return node_model("Attention", feeds, {"scale": scale}, opset=23), feeds
+
+
+def test_attention_refuses_a_scale_of_zero() -> None:
+    """onnxruntime refuses a scale that is not positive (0 made every score equal)."""
+    model, feeds = _attention(0.0)
+    assert theirs(model, feeds) is None
+    assert_as_onnxruntime(model, feeds)
+
+
+def test_attention_refuses_a_nan_scale() -> None:
+    """onnxruntime reads a NaN scale as absent; a NaN given is refused, never NaN outputs."""
+    model, feeds = _attention(float("nan"))
+    with pytest.raises(ValueError, match=NAMED + ".*scale nan must be positive"):
+        backend.prepare(model).run(feeds)
+
+
+def test_attention_with_a_positive_scale_still_matches_onnxruntime() -> None:
+    assert_as_onnxruntime(*_attention(0.7))
+
+
+@pytest.mark.parametrize("block", [4, 5, 2**31, 2**62])
+def test_quantize_linear_block_longer_than_its_axis_is_one_block(block: int) -> None:
+    """A block_size of 2**62 asked numpy to repeat the scale 2**62 times (OverflowError)."""
+    x = (_x(2, 4) * 50).astype(np.float32)
+    consts = {"s": np.array([[0.5], [2.0]], np.float32), "z": np.array([[3], [250]], np.uint8)}
+    model = node_model(
+        "QuantizeLinear",
+        {"x": x},
+        {"axis": 1, "block_size": block},
+        consts=consts,
+        outputs=(TensorProto.UINT8,),
+    )
+    expected = np.clip(np.rint(x / consts["s"]) + consts["z"], 0, 255).astype(np.uint8)
+    assert_as_onnxruntime(model, {"x": x}, [expected])
+
+
+def _matmul_integer(a_zp: np.ndarray) -> onnx.ModelProto:
+    return node_model(
+        "MatMulInteger",
+        {"a": np.array([[1, 2]], np.uint8), "b": np.array([[1], [2]], np.uint8)},
+        consts={"za": a_zp},
+        outputs=(TensorProto.INT32,),
+    )
+
+
+@pytest.mark.parametrize(
+    "a_zp", [np.array([1, 2, 3], np.uint8), np.array([[1], [2]], np.uint8)], ids=["1d", "2d"]
+)
+def test_matmul_integer_refuses_a_zero_point_that_widens_its_input(a_zp: np.ndarray) -> None:
+    """A of one row with three (or two) row zero points gave a [3, 1] (or [2, 1]) product
+    where the spec's output is A's [1, 1]; onnxruntime refuses both."""
+    feeds = {"a": np.array([[1, 2]], np.uint8), "b": np.array([[1], [2]], np.uint8)}
+    assert theirs(_matmul_integer(a_zp), feeds) is None
+    with pytest.raises(ValueError, match=NAMED + ".*a_zero_point of shape"):
+        backend.prepare(_matmul_integer(a_zp)).run(feeds)
+
+
+def test_matmul_integer_per_row_zero_points_still_compute() -> None:
+    """The spec's per-row zero points (one per row of A), against numpy."""
+    a = np.array([[1, 2], [3, 4]], np.uint8)
+    b = np.array([[1, 7], [2, 9]], np.uint8)
+    za = np.array([1, 2], np.uint8)
+    model = node_model(
+        "MatMulInteger", {"a": a, "b": b}, consts={"za": za}, outputs=(TensorProto.INT32,)
+    )
+    (got,) = backend.prepare(model).run({"a": a, "b": b})
+    want = (a.astype(np.int32) - za.astype(np.int32)[:, None]) @ b.astype(np.int32)
+    np.testing.assert_array_equal(got, want)
