@@ -139,3 +139,33 @@ def test_matmul_integer_per_row_zero_points_still_compute() -> None:
     (got,) = backend.prepare(model).run({"a": a, "b": b})
     want = (a.astype(np.int32) - za.astype(np.int32)[:, None]) @ b.astype(np.int32)
     np.testing.assert_array_equal(got, want)
+
+
+EMPTY_FED_INDICES = {
+    "Gather": ({"x": _x(3, 2), "i": np.zeros(0, np.int64)}, 2),
+    "GatherElements": ({"x": _x(3, 2), "i": np.zeros((0, 2), np.int64)}, 2),
+    "GatherND": ({"x": _x(3, 2), "i": np.zeros((0, 2), np.int64)}, 1),
+    "ScatterElements": (
+        {"x": _x(3, 2), "i": np.zeros((0, 2), np.int64), "u": np.zeros((0, 2), np.float32)},
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("op", sorted(EMPTY_FED_INDICES))
+def test_indices_fed_empty_are_checked_without_error(op: str) -> None:
+    """The run-time index check took the argmax of no flags, a ValueError naming the node
+    with numpy's "argmax of an empty sequence" for a legitimate empty index."""
+    feeds, rank = EMPTY_FED_INDICES[op]
+    assert_as_onnxruntime(node_model(op, feeds, rank=rank), feeds)
+
+
+def test_rotary_embedding_with_no_positions_fed() -> None:
+    rng = np.random.default_rng(2)
+    feeds = {
+        "x": np.zeros((1, 2, 0, 4), np.float32),
+        "cos": rng.standard_normal((5, 2)).astype(np.float32),
+        "sin": rng.standard_normal((5, 2)).astype(np.float32),
+        "p": np.zeros((1, 0), np.int64),
+    }
+    assert_as_onnxruntime(node_model("RotaryEmbedding", feeds, opset=23), feeds)
