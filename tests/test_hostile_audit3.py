@@ -169,3 +169,27 @@ def test_rotary_embedding_with_no_positions_fed() -> None:
         "p": np.zeros((1, 0), np.int64),
     }
     assert_as_onnxruntime(node_model("RotaryEmbedding", feeds, opset=23), feeds)
+
+
+@pytest.mark.parametrize("value", ["no", 0, 1, None])
+def test_session_takes_shard_parameters_as_a_bool(value: object) -> None:
+    """shard_parameters="no" sharded the parameters (any truthy value did), where remat
+    already refused what is not a bool."""
+    import jax
+    from onnx import helper, numpy_helper
+
+    import onnx_optax
+    from onnx_optax import training
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["logits"])],
+        "g",
+        [helper.make_tensor_value_info("x", F, ["N", 4])],
+        [helper.make_tensor_value_info("logits", F, ["N", 3])],
+        initializer=[w],
+    )
+    inference = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = training.attach(inference, target="label", optimizer=onnx_optax.adam(0.1))
+    with pytest.raises(TypeError, match="shard_parameters must be True or False"):
+        training.Session(model, devices=jax.devices(), shard_parameters=value)  # type: ignore[arg-type]
