@@ -11,6 +11,8 @@ outputs for the same model), or numpy written here.
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -193,3 +195,32 @@ def test_session_takes_shard_parameters_as_a_bool(value: object) -> None:
     model = training.attach(inference, target="label", optimizer=onnx_optax.adam(0.1))
     with pytest.raises(TypeError, match="shard_parameters must be True or False"):
         training.Session(model, devices=jax.devices(), shard_parameters=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [["--inference", "{o}"], ["--log", "{o}"], ["--inference", "{d}/sub/../m.onnx"]],
+    ids=["inference", "log", "inference-by-another-path"],
+)
+def test_train_refuses_two_outputs_in_one_file(
+    tmp_path: pathlib.Path, second: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o m.onnx --inference m.onnx wrote the trained model, then replaced it with the
+    inference model: the training state was lost, exit 0. Now exit 2 before any step."""
+    from onnx_optax import cli
+    from tests.test_cli import _inference_model, _npz
+
+    _inference_model(tmp_path / "in.onnx")
+    assert cli.main(["attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")]) == 0
+    _npz(tmp_path / "d.npz", x=np.zeros((8, 4), np.float32), target=np.zeros(8, np.int64))
+    (tmp_path / "sub").mkdir()
+    out = str(tmp_path / "m.onnx")
+    extra = [arg.format(o=out, d=tmp_path) for arg in second]
+    capsys.readouterr()
+    status = cli.main([
+        "train", str(tmp_path / "t.onnx"), "--data", str(tmp_path / "d.npz"),
+        "--steps", "1", "--batch-size", "4", "-o", out, *extra,
+    ])  # fmt: skip
+    assert status == 2
+    assert "give each output its own file" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
