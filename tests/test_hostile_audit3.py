@@ -12,6 +12,7 @@ outputs for the same model), or numpy written here.
 from __future__ import annotations
 
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from tests.test_hostile_nn import NAMED, assert_as_onnxruntime, node_model, theirs  # noqa: E402
@@ -224,3 +226,33 @@ def test_train_refuses_two_outputs_in_one_file(
     assert status == 2
     assert "give each output its own file" in capsys.readouterr().err
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("elem", "zero"),
+    [
+        (TensorProto.INT8, np.int8(0)),
+        (TensorProto.INT16, np.int16(3)),
+        (TensorProto.UINT8, np.uint8(3)),
+    ],
+    ids=["int8", "int16", "uint8"],
+)
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])
+def test_quantize_linear_of_nan_is_the_low_end(elem: int, zero: np.generic, fed: bool) -> None:
+    """NaN quantized to 0 (XLA's cast of NaN to int32); onnxruntime and onnx's reference
+    give the type's lowest value (-128 for int8), the zero point not added."""
+    x = np.array([np.nan, 1.0, -np.inf, np.inf, 2.5], np.float32)
+    consts = {"s": np.array(1, np.float32), "z": np.asarray(zero)}
+    feeds = {"x": x} if fed else {}
+    if not fed:
+        consts = {"x": x, **consts}
+    model = node_model("QuantizeLinear", feeds, consts=consts, outputs=(elem,), rank=1)
+    want = theirs(model, feeds)
+    assert want is not None
+    low = np.iinfo(np.asarray(zero).dtype).min
+    assert want[0][0] == low
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # its cast of NaN
+        reference = ReferenceEvaluator(model).run(None, feeds)
+    np.testing.assert_array_equal(reference[0][:1], [low])
+    assert_as_onnxruntime(model, feeds, want)

@@ -219,8 +219,11 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
         v = _cast(v, wide)
         if zero_point is not None:
             v = v + _cast(_cast(zero_point, np.int32), wide)
-        # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped
-        v = xp.where(v < low, np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v))
+        # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped;
+        # NaN (never >= low) becomes low, as onnxruntime and onnx's reference quantize it
+        v = xp.where(
+            ~(v >= low), np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v)
+        )
         q = _cast(_cast(v, np.int32), target)
         if isinstance(v, jax.core.Tracer):  # q's values as float32 (NaN as q has it)
             _shadow(q, jnp.where(v == v, _cast(v, np.float32), _cast(q, np.float32)))
