@@ -256,3 +256,49 @@ def test_quantize_linear_of_nan_is_the_low_end(elem: int, zero: np.generic, fed:
         reference = ReferenceEvaluator(model).run(None, feeds)
     np.testing.assert_array_equal(reference[0][:1], [low])
     assert_as_onnxruntime(model, feeds, want)
+
+
+def test_loop_scan_output_that_changes_shape_is_refused_by_name() -> None:
+    """An unrolled Loop (its body reads the iteration number as Range's limit) whose scan
+    output grows each iteration ended in jnp.stack's 'All input arrays must have the
+    same shape'; onnxruntime refuses it too ('Inconsistent shape in loop output')."""
+    from onnx import helper, numpy_helper
+
+    ints = TensorProto.INT64
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+            helper.make_node("Identity", ["x_in"], ["x_out"]),
+            helper.make_node("Range", ["zero", "i", "one"], ["r"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", ints, []),
+            helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_in", F, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", F, [1]),
+            helper.make_tensor_value_info("r", ints, None),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["y", "rs"], name="n", body=body)],
+        "g",
+        [helper.make_tensor_value_info("x", F, [1])],
+        [
+            helper.make_tensor_value_info("y", F, ["a"]),
+            helper.make_tensor_value_info("rs", ints, ["a", "b"]),
+        ],
+        initializer=[numpy_helper.from_array(np.array(3, np.int64), "M")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": np.array([2.0], np.float32)}
+    assert theirs(model, feeds) is None
+    with pytest.raises(ValueError, match=r"node 'n' \(ai\.onnx\.Loop\): scan output 'r' differs"):
+        backend.prepare(model).run(feeds)
