@@ -625,3 +625,24 @@ def test_a_shape_computed_from_a_small_graph_input_compiles_per_value() -> None:
     for shape in ([3, 2], [1, 6], [6, 1]):
         (y,) = prepared.run({"a": a, "s": -np.array(shape, np.int64)})
         np.testing.assert_array_equal(y, a.reshape(shape))
+
+
+def test_a_small_input_seen_only_through_shape_stays_data() -> None:
+    """A shape read through Shape depends on no value: the small input b stays traced data
+    (a trained parameter of 8 channels must not become a compile-time value)."""
+    from onnx_optax._src.graph import GraphFunction
+
+    model = _model(
+        [
+            helper.make_node("Shape", ["b"], ["s"]),
+            helper.make_node("Reshape", ["a", "s"], ["r"]),
+            helper.make_node("Add", ["r", "b"], ["y"]),
+        ],
+        [_vi("a", F32, [2, 4]), _vi("b", F32, [8])],
+        [_vi("y", F32, [8])],
+    )
+    graph = GraphFunction(model.graph, opsets={"": 21})
+    assert graph.static_inputs == ()
+    a, b = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones(8, np.float32)
+    (y,) = backend.prepare(model).run({"a": a, "b": b})
+    np.testing.assert_array_equal(y, a.reshape(8) + 1)

@@ -108,6 +108,8 @@ MAX_SUBGRAPH_DEPTH = 16
 # Loop's trip count or condition is computed from is read as a compile-time value
 # (see _small_sources).
 SMALL_SOURCE = 16
+# Ops whose output is set by their inputs' shapes (and attributes), never their values.
+SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 Env = dict[str, Any]
 
@@ -978,7 +980,9 @@ class GraphFunction:
             if declared.get(name, SMALL_SOURCE + 1) <= SMALL_SOURCE:
                 found.add(name)
             index = self._producer.get(name)
-            for dep in () if index is None else self._deps(index):
+            if index is None or self._nodes[index].op_type in SHAPE_ONLY:
+                continue  # a graph input, or a value set by its inputs' shapes alone
+            for dep in self._deps(index):
                 if dep not in seen:
                     seen.add(dep)
                     todo.append(dep)
