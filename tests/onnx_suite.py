@@ -1,7 +1,7 @@
 """Which of ONNX's own backend cases run on onnx_optax, and why the others do not.
 
 The official runner (``onnx.backend.test.BackendTest``) holds every case; this
-module picks three sets from it:
+module picks four sets from it:
 
 (a) training: the 7 optimizer node cases and the 2 Gradient model cases;
 (b) node: every node case of an op in the registry, any of its domains (an
@@ -11,8 +11,7 @@ module picks three sets from it:
 
 A case is left out only by a pattern in ``EXCLUDED`` with its reason, and an op the
 registry lacks is named in ``NOT_REGISTERED`` with its reason (a test keeps that list
-exact). The cases
-run with 64-bit JAX: ONNX cases use int64 and double throughout.
+exact). The cases run with 64-bit JAX: ONNX cases use int64 and double throughout.
 
 Count them (prints pass/total per set)::
 
