@@ -195,3 +195,63 @@ def test_inputs_other_than_xs_and_zs_keep_the_forward_apart() -> None:
     out = backend.prepare(model).run([x, w, v])
     np.testing.assert_allclose(out.loss, np.sum(x * w), rtol=1e-6)
     np.testing.assert_allclose(out.dW, x, rtol=1e-6)
+
+
+def test_two_gradients_share_the_forward_and_each_is_right() -> None:
+    """Gradient(y=loss, xs=[W1, B1]) and Gradient(y=loss2, xs=[W2]) where loss2 reads
+    the same forward and more of its own: the second fuses with what the first left."""
+    nodes = [
+        *_mlp_model().graph.node[:7],
+        helper.make_node("Sin", ["P"], ["S"]),
+        helper.make_node("ReduceSum", ["S"], ["loss2"], keepdims=0),
+        _grad(["W1", "B1"], ["W2", "X", "Y"], "loss", ["dW1", "dB1"]),
+        _grad(["W2"], ["W1", "B1", "X"], "loss2", ["dW2"]),
+    ]
+    model = _mlp_model()
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.output[:]
+    shapes = {"loss": [], "loss2": [], "dW1": [3, 5], "dB1": [5], "dW2": [5, 2]}
+    model.graph.output.extend(_vi(n, s) for n, s in shapes.items())
+    feeds = _mlp_feeds()
+    traced = _traced(model, feeds)  # a forward per Gradient (2 products each), 3 backward
+    assert (traced["dot_general"], traced["sin"]) == (7, 1)
+    out = backend.prepare(model).run(feeds)
+    w1, b1, w2, x, y = feeds.values()
+
+    def loss2(w2: jax.Array) -> Any:
+        return jnp.sum(jnp.sin(jax.nn.relu(x @ w1 + b1[None, :]) @ w2))
+
+    loss, (dw1, db1) = jax.value_and_grad(_mlp_loss, argnums=(0, 1))(w1, b1, w2, x, y)
+    np.testing.assert_allclose(out.loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(out.loss2, loss2(w2), rtol=1e-5)
+    np.testing.assert_allclose(out.dW1, dw1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.dB1, db1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.dW2, jax.grad(loss2)(w2), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- a Session
+
+
+def test_a_session_step_of_an_attached_mlp_has_the_products_of_value_and_grad() -> None:
+    """training.attach's graph (forward, loss, Gradient, Adam): as many matrix products
+    in the compiled step's trace as jax.value_and_grad of the network by hand."""
+    import onnx_optax
+    from onnx_optax import training
+    from tests.test_training import _forward, _params, data, mlp
+
+    session = training.Session(training.attach(mlp(), optimizer=onnx_optax.adam(0.01)))
+    inputs = data()
+    arguments = (session._state, session._checked_feeds(inputs), session._constants)
+    ours = _primitives(jax.make_jaxpr(session._step_all)(*arguments).jaxpr)
+
+    def loss(p: dict[str, jax.Array]) -> jax.Array:
+        logits = _forward(p, jnp.asarray(inputs["x"]))
+        picked = jnp.take_along_axis(logits, inputs["target"][:, None], axis=1)
+        return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked[:, 0])
+
+    by_hand = _primitives(jax.make_jaxpr(jax.value_and_grad(loss))(_params()).jaxpr)
+    assert by_hand["dot_general"] == 5  # two forward, three backward
+    assert ours["dot_general"] == by_hand["dot_general"]
+    first = float(session.step(inputs)["loss"])
+    np.testing.assert_allclose(first, loss(_params()), rtol=1e-6)

@@ -1178,7 +1178,9 @@ class GraphFunction:
         steps = [fused if step is gradient else step for step in schedule if id(step) not in gone]
         index = {id(step): i for i, step in self._steps.items()}
         reads = {
-            id(step): self._deps(index[id(step.gradient if step is fused else step)])
+            id(step): self._deps(
+                index[id(step.gradient if isinstance(step, _FusedGradientStep) else step)]
+            )
             for step in steps
         }
         return _sorted_steps(steps, reads)
