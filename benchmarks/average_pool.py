@@ -3,7 +3,8 @@
 Each case runs the registered ``AveragePool`` function under ``jax.jit`` on one
 random float32 input; times are medians over ``--rounds`` rounds after a warm-up,
 with ``block_until_ready`` inside the timed region. ``--against FILE`` loads an
-other version of ``onnx_optax/_src/ops/nn.py`` (e.g. an older commit's), checks
+other version of the module holding AveragePool (``onnx_optax/_src/ops/conv.py``;
+``nn.py`` before the split into nn, conv and normalization), checks
 that both give the same values and times the two in a freshly shuffled order each
 round, in one process, so that a shared machine's drift falls on both alike::
 
@@ -25,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from onnx_optax._src.ops import nn
+from onnx_optax._src.ops import conv
 from onnx_optax._src.ops.registry import Node
 
 # name -> (X's shape, attributes): ResNet-like stems and stages, and the pad-free case
@@ -45,21 +46,24 @@ DEFAULTS = dict(auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=N
 
 
 def _other(path: str) -> Callable[..., Any]:
-    """The AveragePool function of another nn.py (its import registers it: undone after)."""
+    """The AveragePool function of another checkout's module holding it (its import
+    registers it: undone after)."""
     spec = importlib.util.spec_from_file_location("other_nn", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    importlib.reload(nn)  # the registry holds this checkout's ops again
+    importlib.reload(conv)  # the registry holds this checkout's ops again
     return module._average_pool  # type: ignore[no-any-return]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--against", help="another nn.py to time against this checkout's")
+    parser.add_argument(
+        "--against", help="another conv.py (nn.py before the split) to time against this one"
+    )
     args = parser.parse_args()
-    versions = {"this": nn._average_pool}
+    versions = {"this": conv._average_pool}
     if args.against:
         versions["against"] = _other(args.against)
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@
 For each geometry it times, jitted, XLA's ``lax.conv_general_dilated`` with
 ``feature_group_count`` (``native``) and the sum over the kernel's taps of
 strided slices times weights that ``Conv`` lowers small groups to on CPU
-(``shifted``, ``onnx_optax._src.ops.nn._shifted_conv``: with more than
+(``shifted``, ``onnx_optax._src.ops.conv._shifted_conv``: with more than
 ``SHIFTED_CHANNELS`` channels a group, one matrix product a tap batched over the
 groups): the forward alone, and
 forward + backward (``jax.grad`` of ``sum(conv(X, W) * R)`` for a fixed random R,
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from onnx_optax._src.ops import nn
+from onnx_optax._src.ops import conv
 
 
 class Case(NamedTuple):
@@ -85,13 +85,13 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
     pad = case.kernel // 2
     args = ([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
     convs = {
-        "native": lambda x, w: nn._native_conv(x, w, *args),
-        "shifted": lambda x, w: nn._shifted_conv(x, w, *args),
+        "native": lambda x, w: conv._native_conv(x, w, *args),
+        "shifted": lambda x, w: conv._shifted_conv(x, w, *args),
     }
     fns = {}
-    for name, conv in convs.items():
-        fns[f"fwd {name}"] = jax.jit(conv)
-        loss = lambda x, w, r, conv=conv: (conv(x, w) * r).sum()  # noqa: E731
+    for name, fn in convs.items():
+        fns[f"fwd {name}"] = jax.jit(fn)
+        loss = lambda x, w, r, fn=fn: (fn(x, w) * r).sum()  # noqa: E731
         fns[f"grad {name}"] = jax.jit(jax.grad(loss, (0, 1)))
     return fns
 
@@ -99,9 +99,9 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
 def _op_choice(case: Case) -> str:
     """What Conv runs on CPU: the shifted sum, the shifted products or the native conv."""
     taps = case.kernel**2
-    if case.per_group <= nn.SHIFTED_CHANNELS:
-        return "sum" if case.per_group * taps <= nn.SHIFTED_TERMS else "native"
-    return "products" if taps <= nn.SHIFTED_TERMS else "native"
+    if case.per_group <= conv.SHIFTED_CHANNELS:
+        return "sum" if case.per_group * taps <= conv.SHIFTED_TERMS else "native"
+    return "products" if taps <= conv.SHIFTED_TERMS else "native"
 
 
 def _time(case: Case, rounds: int, budget: float) -> dict[str, float]:

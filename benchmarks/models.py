@@ -10,7 +10,7 @@ model is fed the tests' deterministic batch, its batch axis resized to ``--batch
 Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 ``InferenceSession`` with ``intra_op_num_threads=2`` (``ort``) on the same
 inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
-XLA's native lowering (``nn._native_conv`` while it is traced: the lowering
+XLA's native lowering (``conv._native_conv`` while it is traced: the lowering
 before issue 21). Times are medians over rounds after a warm-up, the
 implementations in a freshly shuffled order each round; ``x ort`` is a time
 over onnxruntime's (below 1: faster than onnxruntime). ``first`` is
@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,7 +62,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import backend, training
-from onnx_optax._src.ops import nn
+from onnx_optax._src.ops import conv
+from onnx_optax._src.write import write_file
 from onnx_optax.training._losses import softmax_logits
 from tests.real_models import MODELS, RealModel, attach_for_fine_tune, load
 
@@ -72,12 +74,12 @@ ORT_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "or
 @contextlib.contextmanager
 def native_convs() -> Iterator[None]:
     """Every grouped conv traced meanwhile is XLA's native one (the lowering before issue 21)."""
-    saved = nn._grouped_conv
-    nn._grouped_conv = nn._native_conv
+    saved = conv._grouped_conv
+    conv._grouped_conv = conv._native_conv
     try:
         yield
     finally:
-        nn._grouped_conv = saved
+        conv._grouped_conv = saved
 
 
 def _resized(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
@@ -240,6 +242,18 @@ def _for_ort_training(
     return model, trained, scores, ort_loss
 
 
+def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Any], None]:
+    """Writes ``arrays`` as an .npz (a zip of .npy members) into the file it is given."""
+
+    def write(file: Any) -> None:
+        with zipfile.ZipFile(file, mode="w") as archive:
+            for name, value in arrays.items():
+                with archive.open(name + ".npy", mode="w") as member:
+                    np.lib.format.write_array(member, np.asarray(value))
+
+    return write
+
+
 class OrtTraining:
     """ort_training_step.py running in ``python`` (--serve): ``steps(n)`` times n steps."""
 
@@ -254,16 +268,16 @@ class OrtTraining:
         loss: str,
         learning_rate: float,
     ) -> None:
-        onnx.save(model, os.path.join(folder, "model.onnx"))
-        with open(os.path.join(folder, "trainable.txt"), "w") as f:
-            f.write("\n".join(trained))
-        np.savez(os.path.join(folder, "feeds.npz"), **feeds)
+        # Through the package's one writer, as every file the project writes.
+        write_file(os.path.join(folder, "model.onnx"), model.SerializeToString())
+        write_file(os.path.join(folder, "trainable.txt"), "\n".join(trained).encode())
+        write_file(os.path.join(folder, "feeds.npz"), _npz(feeds))
         command = [python, ORT_TRAINING_STEP, "--serve", "--output", output, "--loss", loss]
         command += ["--lr", str(learning_rate), "--model", os.path.join(folder, "model.onnx")]
         command += ["--trainable", os.path.join(folder, "trainable.txt")]
         command += ["--feeds", os.path.join(folder, "feeds.npz")]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self._log = open(os.path.join(folder, "stderr.txt"), "w")  # noqa: SIM115
+        self._log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (its stderr, for errors)
         self._process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,

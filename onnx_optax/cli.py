@@ -54,6 +54,13 @@ def _writable_file(path: str, what: str) -> None:
         raise UsageError(str(error)) from None
 
 
+def _file_key(path: str) -> str:
+    """The file ``path`` names: its folder resolved, its own name kept (a link there is
+    replaced by the write, never followed)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(folder), name)
+
+
 def _write_model(model: onnx.ModelProto, path: str) -> None:
     """Writes ``model`` through the package's one writer; its refusals are usage errors."""
     from onnx_optax.training._export import save_model
@@ -500,9 +507,20 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError("--val-every needs --val-data")
     axes = _batch_axes(args.batch_axis)
     _writable_file(args.output, "the model")
-    for path, what in ((args.inference, "inference model"), (args.log, "log"), (args.plot, "plot")):
+    written = {_file_key(args.output): "-o"}
+    for path, what, option in (
+        (args.inference, "inference model", "--inference"),
+        (args.log, "log", "--log"),
+        (args.plot, "plot", "--plot"),
+    ):
         if path:
             _writable_file(path, f"the {what}")
+            if _file_key(path) in written:  # one write would replace the other's file
+                raise UsageError(
+                    f"{option} {path!r} is the file {written[_file_key(path)]} names; give "
+                    "each output its own file"
+                )
+            written[_file_key(path)] = option
     if args.plot:
         require("onnx-optax train --plot", "examples", "matplotlib")
     from onnx_optax._src.trainer import run_train

@@ -240,3 +240,10 @@ def test_a_large_initializer_is_data_and_refused_a_large_constant_node_runs() ->
         backend.prepare(model_of("NonZero", {"x": x}, {})).run({})
     constant = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(x))
     compare(model_of("NonZero", {}, {}, before=[constant], inputs=["c"]), {})
+
+
+def test_a_large_initializer_read_as_a_shape_is_named_as_data_not_as_fed() -> None:
+    """The refusal says why an initializer is traced (its size), not that it was fed."""
+    x = (RNG.random(5000) < 0.1).astype(np.float32)
+    with pytest.raises(ValueError, match=r"initializer of more than 4096 elements"):
+        backend.prepare(model_of("NonZero", {"x": x}, {})).run({})

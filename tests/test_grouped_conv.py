@@ -1,7 +1,7 @@
 """Grouped and depthwise Conv/ConvTranspose: the CPU lowering as shifted multiply-adds (issue 21).
 
 On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
-taps of strided slices times weights (``nn._shifted_conv``), and a group of more
+taps of strided slices times weights (``conv._shifted_conv``), and a group of more
 channels as a matrix product a tap batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
 ``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
 test with its pads computed from the ONNX spec, and onnxruntime running the
@@ -19,7 +19,7 @@ import pytest
 from jax import lax
 
 from onnx_optax import backend
-from onnx_optax._src.ops import nn
+from onnx_optax._src.ops import conv
 from onnx_optax._src.ops.registry import Node
 
 onnx = pytest.importorskip("onnx")
@@ -137,7 +137,7 @@ def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, 
     xs, ws, attrs = GEOMETRIES[case]
     node = _node(xs, ws, attrs)
     x, w, b = _inputs(case, dtype)
-    ours = jax.jit(lambda x, w, b: nn._conv(node, x, w, b))
+    ours = jax.jit(lambda x, w, b: conv._conv(node, x, w, b))
     want = jax.jit(lambda *a: _native(*a, xs, attrs))(x, w, b)
     assert want.dtype == x.dtype
     got = ours(x, w, b)
@@ -147,7 +147,7 @@ def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, 
         return
     # the gradient of sum(Y * R) wrt X, W and B, through jit
     r = jnp.asarray(np.random.default_rng(1).standard_normal(want.shape), dtype)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(nn._conv(node, *a) * r), (0, 1, 2)))(x, w, b)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(conv._conv(node, *a) * r), (0, 1, 2)))(x, w, b)
     expected = jax.jit(jax.grad(lambda *a: jnp.sum(_native(*a, xs, attrs) * r), (0, 1, 2)))(x, w, b)
     for ours_g, want_g in zip(grads, expected, strict=True):
         assert ours_g.dtype == want_g.dtype
@@ -159,18 +159,18 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
     xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
     x, w, b = _inputs("depthwise 3x3", "float32")
     node = _node(xs, ws, attrs)
-    hlo = jax.jit(lambda x, w, b: nn._conv(node, x, w, b)).lower(x, w, b).as_text()
+    hlo = jax.jit(lambda x, w, b: conv._conv(node, x, w, b)).lower(x, w, b).as_text()
     assert "convolution" not in hlo
-    big = nn.SHIFTED_CHANNELS + 1
+    big = conv.SHIFTED_CHANNELS + 1
     for ws, native in (((4, big, 3, 3), False), ((4, 2, 12, 12), True)):  # beyond SHIFTED_TERMS
         xs = (1, 2 * ws[1], 12, 12)
         x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
         node = _node(xs, ws, {})
-        hlo = jax.jit(lambda x, w, node=node: nn._conv(node, x, w)).lower(x, w).as_text()
+        hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native
     xs, ws = (1, 2, 5, 5), (4, 2, 3, 3)  # one group: XLA's own
     x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
-    hlo = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 1}), x, w)).lower(x, w)
+    hlo = jax.jit(lambda x, w: conv._conv(_node(xs, ws, {"group": 1}), x, w)).lower(x, w)
     assert "convolution" in hlo.as_text()
 
 
@@ -179,8 +179,8 @@ def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
     xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
     x, w, b = _inputs("depthwise 3x3", "float32")
     node = _node(xs, ws, attrs)
-    loss = lambda x, w: jnp.sum(nn._conv(node, x, w, b))  # noqa: E731
-    for fn in (lambda x, w: nn._conv(node, x, w, b), jax.grad(loss, (0, 1))):
+    loss = lambda x, w: jnp.sum(conv._conv(node, x, w, b))  # noqa: E731
+    for fn in (lambda x, w: conv._conv(node, x, w, b), jax.grad(loss, (0, 1))):
         text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
         assert "convolution" in text and "stablehlo.slice" not in text
         text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
@@ -191,7 +191,7 @@ def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
 def test_groups_of_no_channel_give_zeros(kernel: int) -> None:
     xs, ws = (1, 0, 5, 5), (4, 0, kernel, kernel)
     x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
-    got = jax.jit(lambda x, w: nn._conv(_node(xs, ws, {"group": 2}), x, w))(x, w)
+    got = jax.jit(lambda x, w: conv._conv(_node(xs, ws, {"group": 2}), x, w))(x, w)
     np.testing.assert_array_equal(got, np.zeros((1, 4, 6 - kernel, 6 - kernel), np.float32))
 
 
@@ -199,7 +199,7 @@ def test_half_precision_sums_in_float32() -> None:
     x, w, b = _inputs("depthwise 5x3 stride 2x1 dilation 1x2", "float32")
     xs, ws, attrs = GEOMETRIES["depthwise 5x3 stride 2x1 dilation 1x2"]
     x16, w16, b16 = (v.astype(jnp.bfloat16) for v in (x, w, b))
-    got = jax.jit(lambda *a: nn._conv(_node(xs, ws, attrs), *a))(x16, w16, b16)
+    got = jax.jit(lambda *a: conv._conv(_node(xs, ws, attrs), *a))(x16, w16, b16)
     assert got.dtype == jnp.bfloat16
     want = _native(*(v.astype(jnp.float32) for v in (x16, w16, b16)), xs, attrs)
     np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=2e-2)

@@ -363,7 +363,7 @@ def test_length_from_run_time_values_is_refused_at_prepare() -> None:
             helper.make_node("ArgMax", ["v"], ["k"], keepdims=0),
             helper.make_node("SplitToSequence", ["x", "k"], ["parts"], name="split"),
         ],
-        [vi("x", F32, [6]), vi("v", F32, [3])],
+        [vi("x", F32, [6]), vi("v", F32, [20])],  # v: more than a small source
         [seq_vi("parts")],
     )
     with pytest.raises(
@@ -378,7 +378,7 @@ def test_length_from_run_time_values_is_refused_at_prepare() -> None:
             helper.make_node("SequenceConstruct", ["x", "x"], ["s"]),
             helper.make_node("SequenceInsert", ["s", "x", "k"], ["out"], name="insert"),
         ],
-        [vi("x", F32, [6]), vi("v", F32, [3])],
+        [vi("x", F32, [6]), vi("v", F32, [20])],  # v: more than a small source
         [seq_vi("out")],
     )
     with pytest.raises(ValueError, match=r"node 'insert' \(ai\.onnx\.SequenceInsert\): input 'k'"):

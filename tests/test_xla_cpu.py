@@ -22,7 +22,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.ops import nn  # noqa: E402
+from onnx_optax._src.ops import conv  # noqa: E402
 from onnx_optax._src.ops.registry import Node  # noqa: E402
 
 
@@ -144,16 +144,16 @@ def test_a_conv_with_axes_of_one_element_equals_the_direct_conv(case: str) -> No
     full = dict(auto_pad="NOTSET", kernel_shape=None, group=1, **attrs)
     op = Node(full, 13, "node 'n' (ai.onnx.Conv)", 1)
     r = rng.standard_normal(want.shape).astype(np.float32)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(nn._conv(op, *a) * r), (0, 1, 2)))(x, w, b)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(conv._conv(op, *a) * r), (0, 1, 2)))(x, w, b)
     expected = jax.jit(jax.grad(lambda *a: jnp.sum(direct(*a) * r), (0, 1, 2)))(x, w, b)
     for ours, theirs in zip(grads, expected, strict=True):
         assert ours.shape == theirs.shape
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     # the conv XLA is given reads X without the dropped axes
-    hlo = jax.jit(lambda x, w: nn._conv(op, x, w)).lower(x, w).as_text()
+    hlo = jax.jit(lambda x, w: conv._conv(op, x, w)).lower(x, w).as_text()
     flat = [d for d in range(n) if xs[2 + d] == ws[2 + d] == 1 and pads[d] == pads[d + n] == 0]
     dropped = flat if len(flat) < n else flat[1:]
     kept = [xs[2 + d] for d in range(n) if d not in dropped]
     squeezed = "x".join(str(size) for size in (*xs[:2], *kept))
-    (conv,) = [line for line in hlo.splitlines() if "stablehlo.convolution" in line]
-    assert f"(tensor<{squeezed}xf32>" in conv, conv
+    (line,) = [line for line in hlo.splitlines() if "stablehlo.convolution" in line]
+    assert f"(tensor<{squeezed}xf32>" in line, line

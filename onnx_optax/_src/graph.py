@@ -448,8 +448,10 @@ class _StandardStep(_Step):
             ):
                 raise NotStaticError(
                     f"{self.where}: input '{self.inputs[position]}' must be known when the graph "
-                    "is compiled (a constant, an initializer or computed from shapes); it depends "
-                    "on the values fed, and XLA compiles static shapes"
+                    "is compiled (a constant, an initializer or computed from shapes); it is "
+                    "traced: computed from the values fed, or from an initializer of more than "
+                    f"{STATIC_INITIALIZER_LIMIT} elements (XLA receives those as data), and XLA "
+                    "compiles static shapes"
                 )
         traced = not all(a is None or is_static(a) for a in args)
         if traced:

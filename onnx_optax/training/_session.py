@@ -145,8 +145,9 @@ class Session:
         remat: bool = False,
         seed: int | None = None,
     ) -> None:
-        if not isinstance(remat, bool):
-            raise TypeError(f"remat must be True or False; got {remat!r}")
+        for flag, value in (("remat", remat), ("shard_parameters", shard_parameters)):
+            if not isinstance(value, bool):  # "no" or 0.5 would otherwise read as True
+                raise TypeError(f"{flag} must be True or False; got {value!r}")
         self._remat = remat
         if (
             not isinstance(micro_batches, int | np.integer)

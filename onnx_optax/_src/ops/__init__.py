@@ -7,8 +7,10 @@ imports every family, so whoever reads the registry sees them all.
 
 - ``elementwise``: arithmetic, unary math (trigonometric and hyperbolic), Shrink,
   comparisons, logic, Where, Clip, Cast, the Bitwise ops, BitShift, BitCast
-- ``nn``: activations, Softmax family, MatMul/Gemm/Einsum, Conv, pooling,
-  normalizations (Batch, Instance, Layer, Group, MeanVariance), MaxUnpool, Dropout
+- ``nn``: activations, Softmax family, MatMul/Gemm/Einsum
+- ``conv``: Conv, ConvTranspose, the pools, MaxUnpool
+- ``normalization``: Batch, Instance, Layer, Group and MeanVariance normalization,
+  LRN, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
   ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
   Range, OneHot, EyeLike, ReverseSequence, TensorScatter, Upsample
@@ -26,7 +28,7 @@ imports every family, so whoever reads the registry sees them all.
 - ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
   RotaryEmbedding, Attention; Swish; LinearAttention, CausalConvWithState;
   ai.onnx.preview's FlexAttention)
-- ``lp``: LpNormalization and LpPool (windows as the pools of ``nn``)
+- ``lp``: LpNormalization and LpPool (windows as the pools of ``conv``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
 - ``signal``: DFT, STFT, the Hann, Hamming and Blackman windows,
@@ -48,6 +50,7 @@ imported below.
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
     attention,
     control_flow,
+    conv,
     dynamic,
     elementwise,
     image,
@@ -55,6 +58,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     lp,
     ml,
     nn,
+    normalization,
     quantization,
     recurrent,
     reductions,

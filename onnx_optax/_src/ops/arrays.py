@@ -203,6 +203,8 @@ def check_at_run(message: str, bad: Any, values: Any) -> None:
             raise ValueError(message.format(found.flat[0]))
         return
     flat = jnp.reshape(bad, -1)
+    if flat.shape[0] == 0:  # no element can fail (and argmax of nothing is an error)
+        return
     first = jnp.argmax(flat)
     record_run_checks({message: RunCheck(flat[first], jnp.reshape(values, -1)[first])})
 

@@ -322,9 +322,10 @@ def _attention(
     check_size(node, (batch, heads, kv_len, max(head_size, v.shape[3])), q.dtype, "repeated K, V")
     scale = node.get("scale")
     scale = 1 / math.sqrt(head_size) if scale is None else float(scale)
-    if scale < 0:
+    if not scale > 0:  # onnxruntime refuses 0 and negative scales too
         raise ValueError(
-            f"{node.where}: scale {scale} is negative; Q and K are each scaled by its square root"
+            f"{node.where}: scale {scale} must be positive; Q and K are each scaled by its "
+            "square root"
         )
     root = np.asarray(math.sqrt(scale), q.dtype)
     if heads != k.shape[1]:  # grouped queries: each K, V head serves heads / kv_heads of Q's

@@ -395,6 +395,15 @@ def _unrolled(
         raise ValueError(
             f"{node.where}: an unrolled loop of no iteration has scan outputs of unknown shape"
         )
+    names = body.output_names[1 + n :]
+    for name, found in zip(names, scanned, strict=True):
+        kinds = {(tuple(np.shape(v)), np.dtype(v.dtype)) for v in found}
+        if len(kinds) > 1:  # as onnxruntime, which refuses them too
+            shapes = sorted(f"{dtype}{list(shape)}" for shape, dtype in kinds)
+            raise ValueError(
+                f"{node.where}: scan output '{name}' differs between iterations "
+                f"({', '.join(shapes)}); its iterations are stacked into one tensor"
+            )
     return (*values, *(jnp.stack([jnp.asarray(v) for v in found]) for found in scanned))
 
 

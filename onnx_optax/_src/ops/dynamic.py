@@ -188,12 +188,16 @@ def _non_max_suppression(
 
     limit = int(scalar(max_boxes) or 0)  # absent: 0, no box selected
     iou = scalar(iou_threshold)
-    iou = 0.0 if iou is None else iou
+    iou = 0.0 if iou is None else float(iou)
+    if not 0 <= iou <= 1:  # as onnxruntime
+        raise ValueError(f"{node.where}: iou_threshold {iou} must be in [0, 1]")
     floor = scalar(score_threshold)
     batches, classes, count = scores.shape
     limit = min(max(limit, 0), count)
     check_size(node, [batches * classes * limit, 3], np.int64)
     center = int(node.get("center_point_box", 0))
+    if center not in (0, 1):
+        raise ValueError(f"{node.where}: center_point_box {center} must be 0 or 1")
     selected: list[tuple[int, int, int]] = []
     for b in range(batches):
         edges = _box_edges(boxes[b], center)

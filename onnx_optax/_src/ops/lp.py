@@ -1,6 +1,6 @@
 """The Lp ops of ai.onnx: LpNormalization and LpPool.
 
-LpPool reads its windows as the other pools do (``nn._pool_geometry``: kernel,
+LpPool reads its windows as the other pools do (``conv._pool_geometry``: kernel,
 strides, dilations, pads, ``auto_pad``, ``ceil_mode``, checked naming the node)
 and sums ``|x| ** p`` over each in one ``reduce_window``; pads count as zeros.
 Both are differentiable, also where a norm is zero (the result there is 0).
@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.ops.arrays import _axis
-from onnx_optax._src.ops.nn import _pool_geometry
+from onnx_optax._src.ops.conv import _pool_geometry
 from onnx_optax._src.ops.registry import Node, register
 
 

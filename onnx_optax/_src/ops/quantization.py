@@ -33,7 +33,8 @@ from onnx_optax._src.ops.arrays import (
     check_size,
     is_static,
 )
-from onnx_optax._src.ops.nn import _conv, _matmul_shape
+from onnx_optax._src.ops.conv import _conv
+from onnx_optax._src.ops.nn import _matmul_shape
 from onnx_optax._src.ops.registry import Node, register
 
 # The integer types a quantized tensor may have, with their ranges.
@@ -95,7 +96,9 @@ def _per_element(
         )
     check_size(node, shape, value.dtype, f"{name} repeated over its blocks")
     xp = _xp(value)
-    return xp.take(xp.repeat(value, block, axis=axis), np.arange(shape[axis]), axis=axis)
+    # a block longer than the axis is one block: repeat no more than the axis holds
+    repeats = min(block, shape[axis])
+    return xp.take(xp.repeat(value, repeats, axis=axis), np.arange(shape[axis]), axis=axis)
 
 
 def _quantized_type(node: Node, zero_point: Any) -> np.dtype:
@@ -217,8 +220,11 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
         v = _cast(v, wide)
         if zero_point is not None:
             v = v + _cast(_cast(zero_point, np.int32), wide)
-        # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped
-        v = xp.where(v < low, np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v))
+        # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped;
+        # NaN (never >= low) becomes low, as onnxruntime and onnx's reference quantize it
+        v = xp.where(
+            ~(v >= low), np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v)
+        )
         q = _cast(_cast(v, np.int32), target)
         if isinstance(v, jax.core.Tracer):  # q's values as float32 (NaN as q has it)
             _shadow(q, jnp.where(v == v, _cast(v, np.float32), _cast(q, np.float32)))
@@ -293,13 +299,15 @@ def _minus(node: Node, x: Any, zero_point: Any, name: str, axis_shape: Any = Non
     z = _cast(zero_point, np.int32)
     if np.ndim(z) == 1 and np.size(z) != 1 and axis_shape is not None:
         z = z.reshape(axis_shape)
-    try:
-        np.broadcast_shapes(np.shape(v), np.shape(z))
+    try:  # the zero point broadcasts to its input, never the input to a larger shape
+        fits = np.broadcast_shapes(np.shape(v), np.shape(z)) == tuple(np.shape(v))
     except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
             f"{node.where}: {name} of shape {list(np.shape(zero_point))} does not fit its "
             f"input of shape {list(np.shape(x))}"
-        ) from None
+        )
     return v - (z.reshape(()) if np.size(z) == 1 else z)
 
 

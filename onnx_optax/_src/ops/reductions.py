@@ -150,8 +150,8 @@ def _top_k(node: Node, x: Any, k: Any = None) -> Any:
     index comes first, as ONNX says (a stable sort)."""
     if node.opset < 10:
         k = np.asarray([node["k"]], np.int64)
-    if np.size(k) != 1:
-        raise ValueError(f"{node.where}: K must hold one value, got {np.size(k)}")
+    if np.shape(k) != (1,):  # the schema's "1-D tensor of one value", as onnxruntime checks
+        raise ValueError(f"{node.where}: K must be 1-D of one value, got shape {list(np.shape(k))}")
     count = int(np.asarray(k).reshape(()))
     axis = _axis(int(node.get("axis", -1)), np.ndim(x), node.where)
     if not 0 <= count <= x.shape[axis]:

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.ops.arrays import _canonical, _ints, _same_dtype, check_at_run, check_size
+from onnx_optax._src.ops.conv import _attr_ints, _bias_check, _group, _kernel_of, _spans
 from onnx_optax._src.ops.image import _work_dtype, grid_taps, sample_taps
-from onnx_optax._src.ops.nn import _attr_ints, _bias_check, _group, _kernel_of, _spans
 from onnx_optax._src.ops.registry import Node, register
 
 # ----------------------------------------------------------------------------- Col2Im

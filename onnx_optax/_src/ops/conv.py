@@ -1,0 +1,662 @@
+"""Convolutions and pools of ai.onnx: Conv, ConvTranspose, the pools and MaxUnpool.
+
+Each op checks its geometry (kernel, strides, dilations, pads, groups) in Python ints
+and computes its output shape before lax is called. The lowering choices live beside
+the op: grouped and depthwise convolutions as shifted multiply-adds on the CPU
+(``_grouped_conv``), XLA's own elsewhere (``_native_conv``). A new convolution or
+pool goes here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from onnx_optax._src.ops.arrays import (
+    _canonical,
+    _cast,
+    _checked_indices,
+    _same_dtype,
+    check_size,
+    is_static,
+)
+from onnx_optax._src.ops.registry import Node, register
+
+# ----------------------------------------------------------------------------- conv and pools
+#
+# Every geometry is checked and the output shape computed in Python ints before lax is
+# called: a zero or negative stride, dilation, kernel or group, a negative pad, a window
+# larger than the padded input and an output over the tensor limit are refused with the
+# node, the attribute and the shapes (onnxruntime refuses each of them too), instead of a
+# ZeroDivisionError, an XLA abort on an overflowing shape or an empty or shifted result.
+
+
+def _attr_ints(node: Node, name: str, n: int, default: int, minimum: int) -> list[int]:
+    """An ints attribute of ``n`` entries (``default`` each when absent), each >= ``minimum``."""
+    given = node.get(name)
+    values = [int(v) for v in given] if given else [default] * n
+    if len(values) != n:
+        raise ValueError(
+            f"{node.where}: {name} {values} has {len(values)} entries; {n} expected "
+            f"({n // 2 if name == 'pads' else n} spatial axes)"
+        )
+    if any(v < minimum for v in values):
+        bound = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{node.where}: {name} {values} must all be {bound}")
+    return values
+
+
+def _spans(kernel: Sequence[int], dilations: Sequence[int]) -> list[int]:
+    """Each window's extent over the (padded) input: (k - 1) * d + 1."""
+    return [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+
+
+def _window(node: Node, x: Any, kernel: Sequence[int]) -> tuple[Any, Any, Any]:
+    """Strides, dilations and (begin, end) pads of a conv or pool over x's spatial axes."""
+    n = len(kernel)
+    if np.ndim(x) != n + 2:
+        raise ValueError(
+            f"{node.where}: X of shape {list(np.shape(x))} has {np.ndim(x) - 2} spatial axes, "
+            f"the kernel {list(kernel)} has {n}"
+        )
+    if any(k < 1 for k in kernel):
+        raise ValueError(f"{node.where}: kernel_shape {list(kernel)} must all be positive")
+    spatial = x.shape[2:]
+    strides = _attr_ints(node, "strides", n, 1, 1)
+    dilations = _attr_ints(node, "dilations", n, 1, 1)
+    pads = _attr_ints(node, "pads", 2 * n, 0, 0)
+    auto_pad = node.get("auto_pad", "NOTSET")
+    padding = [(pads[i], pads[i + n]) for i in range(n)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        padding = []
+        for size, s, span in zip(spatial, strides, _spans(kernel, dilations), strict=True):
+            total = max((-(-size // s) - 1) * s + span - size, 0)
+            small, big = total // 2, total - total // 2
+            padding.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+    elif auto_pad == "VALID":
+        padding = [(0, 0)] * n
+    elif auto_pad != "NOTSET":
+        raise ValueError(f"{node.where}: unknown auto_pad {auto_pad!r}")
+    return strides, dilations, padding
+
+
+def _group(node: Node) -> int:
+    group = int(node["group"])
+    if group < 1:
+        raise ValueError(f"{node.where}: group {group} must be positive")
+    return group
+
+
+def _kernel_of(node: Node, w: Any) -> list[int]:
+    """The kernel: W's spatial dims, which a kernel_shape attribute must repeat."""
+    kernel = [int(d) for d in w.shape[2:]]
+    given = node.get("kernel_shape")
+    if given and [int(k) for k in given] != kernel:
+        raise ValueError(
+            f"{node.where}: kernel_shape {list(given)} does not match W of shape {list(w.shape)}"
+        )
+    return kernel
+
+
+def _bias_check(node: Node, b: Any, m: int) -> None:
+    if b is not None and tuple(np.shape(b)) != (m,):
+        raise ValueError(
+            f"{node.where}: B of shape {list(np.shape(b))} must be 1-D of the {m} output channels"
+        )
+
+
+def _empty(shape: Sequence[int], dtype: Any) -> Any:
+    """An output with a zero dimension (onnxruntime's result for a window with no position)."""
+    return jnp.zeros(tuple(shape), dtype)
+
+
+# Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
+# runs 3-33x slower than the same sum written as shifted multiply-adds, and its
+# gradient 2-110x slower (benchmarks/grouped_conv.py). On CPU a group of at most
+# SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
+# channels, is therefore lowered as that sum; a group of more channels as one matrix
+# product a tap batched over the groups, if its window has at most SHIFTED_TERMS taps:
+# 2-3x faster than native for 1x1 kernels, 0.8x native's forward for 3x3, but a
+# gradient 50x faster. (At 8 channels a group the products' forward was 2-3x slower
+# than the sum's.) Elsewhere (GPU) the native conv.
+SHIFTED_CHANNELS = 8
+SHIFTED_TERMS = 128
+
+
+def _native_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    # The barrier keeps XLA from seeing a weight that is a broadcast constant (an
+    # exporter's ConstantOfShape): XLA:CPU then lowered the conv followed by a reduction
+    # to code that read garbage (NaN, 0 or -3.9e34 instead of the mean; light_squeezenet's
+    # last GlobalAveragePool came out 0 or inf). For a weight that is an argument it
+    # changes nothing.
+    flat = _flat_axes(x, w, padding)
+    if flat:
+        kept = [d for d in range(len(strides)) if d not in flat]
+        squeezed = _native_conv(
+            jnp.squeeze(x, [2 + d for d in flat]),
+            jnp.squeeze(w, [2 + d for d in flat]),
+            [strides[d] for d in kept],
+            [padding[d] for d in kept],
+            [lhs_dilation[d] for d in kept],
+            [dilations[d] for d in kept],
+            group,
+        )
+        return jnp.expand_dims(squeezed, [2 + d for d in flat])
+    return lax.conv_general_dilated(
+        x,
+        lax.optimization_barrier(w),
+        window_strides=strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=dilations,
+        feature_group_count=group,
+    )
+
+
+def _flat_axes(x: Any, w: Any, padding: Sequence[tuple[int, int]]) -> list[int]:
+    """The spatial axes (0-based) that X and W both hold one element of, unpadded: a conv
+    computes the same without them, its output holding one element there too.
+
+    XLA:CPU runs a conv with such an axis 3-4x slower, and its gradient likewise, than
+    the same conv without it: magika's 1-D conv, written on [N, 256, 512, 1] with a
+    [512, 256, 5, 1] kernel, took 288 ms at batch 8 against 80 ms on [N, 256, 512]
+    (forward and gradient: 848 against 234 ms). At least one spatial axis is kept.
+    """
+    flat = [
+        d
+        for d, (size, k, pad) in enumerate(zip(x.shape[2:], w.shape[2:], padding, strict=True))
+        if size == 1 and k == 1 and tuple(pad) == (0, 0)
+    ]
+    return flat if len(flat) < x.ndim - 2 else flat[1:]
+
+
+def _shifted_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """``_native_conv`` as a sum over the window's taps of strided slices times weights.
+
+    X (N, C, ...) is dilated by ``lhs_dilation`` and padded (a negative pad
+    crops), then viewed as (N, group, C/group, ...); for each tap and each input
+    channel of a group, the slice of X the tap reads at every output position is
+    multiplied by that tap's weights of the group's M/group output channels.
+    XLA fuses the sum into one loop; the gradient is JAX's transpose of it. With
+    more than SHIFTED_CHANNELS channels a group, each tap's slice is instead
+    contracted with the tap's weights in one matrix product batched over the groups.
+    Inputs narrower than float32 are summed in float32, as XLA's native conv does.
+    """
+    dtype = x.dtype
+    if jnp.finfo(dtype).bits < 32:
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    n = x.shape[0]
+    m, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    config = [(0, 0, 0), (0, 0, 0)]
+    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
+    x = lax.pad(x, np.zeros((), x.dtype), config)
+    spatial = x.shape[2:]
+    out = [
+        (size - span) // s + 1
+        for size, span, s in zip(spatial, _spans(kernel, dilations), strides, strict=True)
+    ]
+    x = x.reshape((n, group, per_group, *spatial))
+    w = w.reshape((group, m // group, per_group, *kernel))
+    ones = (1,) * len(kernel)
+    products = per_group > SHIFTED_CHANNELS
+    # each input channel of a group apart (split: its gradient is one concatenation)
+    channels = [x] if products else lax.split(x, [1] * per_group, axis=2)
+    y = None
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
+        taps = w[(slice(None), slice(None), slice(None), *tap)]  # (group, M/group, C/group)
+        for c, xc in enumerate(channels):
+            window = lax.slice(
+                xc, (0, 0, 0, *starts), (n, group, xc.shape[2], *ends), (1, 1, 1, *strides)
+            )
+            if products:  # (group, M/group, N, ...), over the groups as the batch
+                term = lax.dot_general(taps, window, (((2,), (2,)), ((0,), (1,))))
+            else:
+                term = window * taps[:, :, c].reshape((1, group, m // group, *ones))
+            y = term if y is None else y + term
+    assert y is not None  # a kernel has at least one tap
+    if products:
+        y = jnp.moveaxis(y, 2, 0)
+    return y.reshape((n, m, *out)).astype(dtype)
+
+
+def _grouped_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """A (possibly grouped) conv: on CPU shifted multiply-adds or products for groups
+    (see SHIFTED_CHANNELS), else native."""
+    per_group, taps = w.shape[1], math.prod(w.shape[2:])
+    args = (strides, padding, lhs_dilation, dilations, group)
+    small = 0 < per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
+    products = per_group > SHIFTED_CHANNELS and taps <= SHIFTED_TERMS
+    if group == 1 or not (small or products) or not jnp.issubdtype(x.dtype, jnp.floating):
+        return _native_conv(x, w, *args)
+    return lax.platform_dependent(
+        x,
+        w,
+        cpu=lambda x, w: _shifted_conv(x, w, *args),
+        default=lambda x, w: _native_conv(x, w, *args),
+    )
+
+
+@register("Conv")
+def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+    _same_dtype(node, x, w, b)
+    if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: Conv needs X (N, C, ...) and W of the same rank, got shapes "
+            f"{list(np.shape(x))} and {list(np.shape(w))}"
+        )
+    kernel = _kernel_of(node, w)
+    strides, dilations, padding = _window(node, x, kernel)
+    group = _group(node)
+    m = w.shape[0]
+    if x.shape[1] != w.shape[1] * group or m % group:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} and W of shape {list(w.shape)} do not "
+            f"fit group {group} (X's channels must be W.shape[1] x group, W.shape[0] a multiple "
+            "of group)"
+        )
+    _bias_check(node, b, m)
+    out = [x.shape[0], m]
+    spans = _spans(kernel, dilations)
+    for size, s, span, (lo, hi) in zip(x.shape[2:], strides, spans, padding, strict=True):
+        if size + lo + hi < span:  # onnxruntime: "Invalid input shape"
+            raise ValueError(
+                f"{node.where}: the kernel {kernel} (dilations {dilations}) spans more than X of "
+                f"shape {list(x.shape)} padded by {padding}"
+            )
+        out.append((size + lo + hi - span) // s + 1)
+    check_size(node, out, x.dtype)
+    y = _grouped_conv(x, w, strides, padding, [1] * len(kernel), dilations, group)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y
+
+
+def _transpose_geometry(
+    node: Node, x: Any, kernel: Sequence[int], w_out: int
+) -> tuple[list[int], list[int], list[tuple[int, int]], list[int], list[int]]:
+    """Strides, dilations, pads, output_padding and output size of a ConvTranspose.
+
+    As onnxruntime: an ``output_shape`` larger than the natural size is reached by
+    zeros at the end (pads stay 0); ``output_padding`` plus that excess must stay
+    below the stride (else no forward Conv of the output gives back X's size), and
+    every output dimension must be positive.
+    """
+    n = np.ndim(x) - 2
+    strides, dilations, padding = _window(node, x, kernel)
+    output_padding = _attr_ints(node, "output_padding", n, 0, 0)
+    auto_pad = node.get("auto_pad", "NOTSET")
+    output_shape = node.get("output_shape")
+    if output_shape is not None:
+        output_shape = [int(v) for v in output_shape]
+        if len(output_shape) != n or any(v < 0 for v in output_shape):
+            raise ValueError(
+                f"{node.where}: output_shape {output_shape} must give the {n} spatial "
+                "dimensions, none negative"
+            )
+    pads: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    naturals: list[int] = []
+    for i, (size, s, span, adj) in enumerate(
+        zip(x.shape[2:], strides, _spans(kernel, dilations), output_padding, strict=True)
+    ):
+        natural = s * (size - 1) + adj + span
+        excess = 0
+        if output_shape is not None:
+            total = natural - output_shape[i]
+            excess = max(-total, 0)
+            total = max(total, 0)
+            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pads.append((first, total - first))
+            sizes.append(output_shape[i])
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            total = natural - size * s  # below 0 (a kernel shorter than the stride): as the spec
+            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pads.append((first, total - first))
+            sizes.append(size * s)
+        else:
+            lo, hi = (0, 0) if auto_pad == "VALID" else padding[i]
+            pads.append((lo, hi))
+            sizes.append(natural - lo - hi)
+        if adj + excess >= s:  # no forward Conv of the output would give back X's size
+            beyond = "" if output_shape is None else f" plus output_shape {output_shape}'s excess"
+            raise ValueError(
+                f"{node.where}: output_padding {output_padding}{beyond} must stay below the "
+                f"strides {strides} for X of shape {list(x.shape)}"
+            )
+        naturals.append(natural)
+        if sizes[-1] <= 0:
+            raise ValueError(
+                f"{node.where}: X of shape {list(x.shape)} with kernel {list(kernel)}, strides "
+                f"{strides}, dilations {dilations} and pads {pads[-1]} gives an output dimension "
+                f"of {sizes[-1]}"
+            )
+    # XLA shapes the whole dilated input before the pads crop it: an overflowing length aborts
+    check_size(node, [x.shape[0], w_out, *naturals], x.dtype, "uncropped output")
+    return strides, dilations, pads, output_padding, sizes
+
+
+@register("ConvTranspose")
+def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+    _same_dtype(node, x, w, b)
+    if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: ConvTranspose needs X (N, C, ...) and W of the same rank, got "
+            f"shapes {list(np.shape(x))} and {list(np.shape(w))}"
+        )
+    n = np.ndim(x) - 2
+    kernel = _kernel_of(node, w)
+    group = _group(node)
+    c_in, m_per_group = w.shape[0], w.shape[1]
+    if x.shape[1] != c_in or c_in % group:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} and W of shape {list(w.shape)} do not "
+            f"fit group {group} (W.shape[0] must be X's channels, a multiple of group)"
+        )
+    _bias_check(node, b, m_per_group * group)
+    strides, dilations, pads, _, sizes = _transpose_geometry(node, x, kernel, m_per_group * group)
+    check_size(node, [x.shape[0], m_per_group * group, *sizes], x.dtype)
+    # W (C, M/g, k...) -> (M, C/g, k...), spatially flipped: a dilated forward conv
+    kernel_w = w.reshape((group, c_in // group, m_per_group, *w.shape[2:]))
+    kernel_w = jnp.swapaxes(kernel_w, 1, 2).reshape(
+        (group * m_per_group, c_in // group, *w.shape[2:])
+    )
+    kernel_w = jnp.flip(kernel_w, axis=tuple(range(2, 2 + n)))
+    spans = _spans(kernel, dilations)
+    padding = []
+    for size, s, span, (lo, _), out in zip(x.shape[2:], strides, spans, pads, sizes, strict=True):
+        before = span - 1 - lo
+        # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
+        padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
+    y = _grouped_conv(x, kernel_w, [1] * n, padding, strides, dilations, group)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * n)
+    return y
+
+
+def _pooled_input(node: Node, x: Any) -> None:
+    """onnxruntime's rule for every pool: X is (N, C, D1, ...) and only N may be zero."""
+    if np.ndim(x) < 3:
+        raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, D1, ...)")
+    if x.shape[0] and 0 in x.shape[1:]:
+        raise ValueError(
+            f"{node.where}: X of shape {list(x.shape)} is empty; only its batch axis may be 0"
+        )
+
+
+def _pool_geometry(
+    node: Node, x: Any
+) -> tuple[list[int], list[int], list[int], list[Any], list[Any], list[int]]:
+    """Kernel, strides, dilations, pads, the extra end pads past them, the output's spatial size.
+
+    Output sizes as onnxruntime computes them: ``(L - span) / s`` rounded toward
+    zero (up with ceil_mode), plus 1, where L is the padded length. A window larger
+    than the padded input thus still gives one window while ``L - span > -s`` (it
+    reads past the pads, as a ceil_mode window does: the extra end pads, never
+    counted), none at exactly ``-s``, and is refused below. With ceil_mode a last
+    window starting in the end padding is dropped.
+    """
+    _pooled_input(node, x)
+    kernel = [int(k) for k in node["kernel_shape"]]
+    strides, dilations, padding = _window(node, x, kernel)
+    given = [int(p) for p in node.get("pads") or []]
+    if any(p >= kernel[i % len(kernel)] for i, p in enumerate(given)):
+        raise ValueError(  # as onnxruntime: a window could lie wholly in the padding
+            f"{node.where}: pads {given} must be smaller than kernel_shape {kernel}"
+        )
+    auto_pad = node.get("auto_pad", "NOTSET")
+    ceil = bool(node.get("ceil_mode", 0))
+    extra, sizes = [], []
+    for axis, (size, s, span, (lo, hi)) in enumerate(
+        zip(x.shape[2:], strides, _spans(kernel, dilations), padding, strict=True)
+    ):
+        # The spec's SAME pad, clamped at 0 by _window. Below 0 the windows skip X's end;
+        # onnxruntime pads need / 2 (SAME_UPPER) or (need + 1) / 2 in front, rounded toward
+        # zero: when that is negative it starts AveragePool's windows late and refuses MaxPool.
+        need = (-(-size // s) - 1) * s + span - size
+        front = need if auto_pad == "SAME_UPPER" else need + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER") and front <= -2:
+            raise ValueError(
+                f"{node.where}: auto_pad {auto_pad} needs a negative pad ({need}) on spatial "
+                f"axis {axis} of X of shape {list(x.shape)} (kernel_shape {kernel}, strides "
+                f"{strides}, dilations {dilations}); give explicit pads instead"
+            )
+        length = size + lo + hi
+        room = length - span  # onnxruntime: room / s (toward zero, or up) + 1 windows
+        out = (-(-room // s) if ceil or room < 0 else room // s) + 1
+        if out < 0:
+            raise ValueError(
+                f"{node.where}: the window (kernel_shape {kernel}, dilations {dilations}) is "
+                f"larger than X of shape {list(x.shape)} padded by {padding}"
+            )
+        if ceil and out > 0 and (out - 1) * s >= size + lo:  # starts in the end padding
+            out -= 1
+        sizes.append(out)
+        extra.append((0, max((out - 1) * s + span - length, 0)))
+    return kernel, strides, dilations, padding, extra, sizes
+
+
+def _taps_on_x(
+    x: Any,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    padding: Sequence[Any],
+    extra: Sequence[Any],
+    axis: int,
+    include_pad: bool,
+    dtype: Any,
+) -> Any:
+    """How many taps of each window along one spatial axis fall on X (or, with
+    ``include_pad``, on X and its pads; never on the extra end pads), as an in-graph
+    1-D reduce_window over ones shaped to broadcast against the output."""
+    size, (lo, hi), more = x.shape[2 + axis], padding[axis], extra[axis][1]
+    length, pad = (size + lo + hi, (0, more)) if include_pad else (size, (lo, hi + more))
+    taps = lax.reduce_window(
+        jnp.ones((length,), dtype),
+        np.asarray(0, dtype),
+        lax.add,
+        window_dimensions=(kernel[axis],),
+        window_strides=(strides[axis],),
+        padding=(pad,),
+        window_dilation=(dilations[axis],),
+    )
+    return taps.reshape((-1,) + (1,) * (len(kernel) - 1 - axis))
+
+
+def _pool_window(
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    padding: Sequence[Any],
+    extra: Sequence[Any],
+) -> dict[str, Any]:
+    pads = [(0, 0), (0, 0)] + [(p[0], p[1] + e[1]) for p, e in zip(padding, extra, strict=True)]
+    return dict(
+        window_dimensions=(1, 1, *kernel),
+        window_strides=(1, 1, *strides),
+        padding=pads,
+        window_dilation=(1, 1, *dilations),
+    )
+
+
+def _flat_indices(node: Node, shape: Sequence[int], column_major: bool) -> Any:
+    """Each element's index in the flattened X (spatial axes column-major if asked), in-graph."""
+    dtype = _canonical(np.int64)
+    if math.prod(shape) - 1 > np.iinfo(dtype).max:
+        raise ValueError(
+            f"{node.where}: X of shape {list(shape)} has more elements than int32 indices "
+            "reach; enable 64-bit JAX (jax.config.update('jax_enable_x64', True))"
+        )
+    spatial = list(shape[2:])
+    if column_major:
+        steps = [math.prod(spatial[:i]) for i in range(len(spatial))]
+    else:
+        steps = [math.prod(spatial[i + 1 :]) for i in range(len(spatial))]
+    image = math.prod(spatial)
+    steps = [shape[1] * image, image, *steps]
+    flat = lax.broadcasted_iota(dtype, tuple(shape), 0) * np.asarray(steps[0], dtype)
+    for axis in range(1, len(shape)):
+        flat = flat + lax.broadcasted_iota(dtype, tuple(shape), axis) * np.asarray(
+            steps[axis], dtype
+        )
+    return flat
+
+
+@register("MaxPool")
+def _max_pool(node: Node, x: Any) -> Any:
+    kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
+    out_shape = [*x.shape[:2], *sizes]
+    check_size(node, out_shape, x.dtype)
+    if node.n_outputs > 1:
+        check_size(node, out_shape, np.int64, "Indices output")
+    if 0 in out_shape:
+        return (_empty(out_shape, x.dtype), _cast(np.zeros(out_shape, np.int64), np.int64))[
+            : node.n_outputs
+        ]
+    low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    window = _pool_window(kernel, strides, dilations, padding, extra)
+    values = lax.reduce_window(x, np.asarray(low, x.dtype), lax.max, **window)
+    # Taps dilated past a short axis can miss X: onnxruntime gives such a window the lowest
+    # finite value and index -1 (checked in-graph per axis only where that can happen)
+    on_x: Any = None
+    for axis, (size, d) in enumerate(zip(x.shape[2:], dilations, strict=True)):
+        if d > size:
+            taps = _taps_on_x(x, kernel, strides, dilations, padding, extra, axis, False, np.int32)
+            on_x = taps > 0 if on_x is None else on_x & (taps > 0)
+    if on_x is not None:
+        lowest = np.finfo(x.dtype).min if jnp.issubdtype(x.dtype, jnp.floating) else low
+        values = jnp.where(on_x, values, np.asarray(lowest, x.dtype))
+    if node.n_outputs == 1:
+        return values
+    # Indices: each maximum's position in the flattened input (first one on ties)
+    flat = _flat_indices(node, x.shape, bool(node.get("storage_order", 0)))
+
+    def pick(a: Any, b: Any) -> Any:
+        (va, ia), (vb, ib) = a, b
+        take_b = (vb > va) | ((vb == va) & (ib < ia))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    _, indices = lax.reduce_window(
+        (x, flat),
+        (np.asarray(low, x.dtype), np.asarray(np.iinfo(flat.dtype).max, flat.dtype)),
+        pick,
+        **window,
+    )
+    if on_x is not None:
+        indices = jnp.where(on_x, indices, np.asarray(-1, indices.dtype))
+    return values, _cast(indices, np.int64)
+
+
+@register("AveragePool")
+def _average_pool(node: Node, x: Any) -> Any:
+    """The windows' sums (``lax.reduce_window`` in x's dtype) over their element counts.
+
+    The count of a window is a product of 1-D counts, one per spatial axis, each
+    a small in-graph ``reduce_window`` over ones: the input's positions, or with
+    ``count_include_pad`` the padded ones (never ceil_mode's extra end). A count
+    that is the same for every window is one number.
+    """
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{node.where}: AveragePool needs a floating-point X, got {x.dtype}")
+    include = bool(node.get("count_include_pad", 0))
+    kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
+    out_shape = [*x.shape[:2], *sizes]
+    check_size(node, out_shape, x.dtype)
+    if 0 in out_shape:
+        return _empty(out_shape, x.dtype)
+    window = _pool_window(kernel, strides, dilations, padding, extra)
+    total = lax.reduce_window(x, np.asarray(0, x.dtype), lax.add, **window)
+    wide = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)  # counts are exact
+    count: Any = np.asarray(1, wide)
+    for axis, (k, (lo, hi), (_, more)) in enumerate(zip(kernel, padding, extra, strict=True)):
+        if not (more if include else lo or hi or more):
+            count = count * np.asarray(k, wide)  # every window of this axis is whole
+        else:
+            taps = _taps_on_x(x, kernel, strides, dilations, padding, extra, axis, include, wide)
+            count = count * taps
+    if not is_static(count):
+        # a window whose dilated taps all miss X sums to 0: onnxruntime's 0, not 0 / 0
+        count = jnp.maximum(count, np.asarray(1, wide))
+    return total / count.astype(x.dtype)
+
+
+@register("GlobalAveragePool")
+def _global_average_pool(node: Node, x: Any) -> Any:
+    _pooled_input(node, x)
+    return jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@register("GlobalMaxPool")
+def _global_max_pool(node: Node, x: Any) -> Any:
+    _pooled_input(node, x)
+    if x.shape[0] == 0:
+        return _empty([*x.shape[:2]] + [1] * (x.ndim - 2), x.dtype)
+    return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@register("MaxUnpool", static=(2,))
+def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> Any:
+    """MaxPool's inverse: zeros of ``(N, C, (D - 1) * stride - pad_begin - pad_end +
+    kernel, ...)`` holding ``x`` at ``indices`` (flat into that whole tensor, as MaxPool's
+    second output), the rest zero; an ``output_shape`` as large or larger pads it with
+    zeros at the end of each axis (as onnx's node cases and reference; onnxruntime
+    instead reads the indices into ``output_shape``)."""
+    _pooled_input(node, x)
+    n = x.ndim - 2
+    kernel = _attr_ints(node, "kernel_shape", n, 1, 1)
+    strides = _attr_ints(node, "strides", n, 1, 1)
+    pads = _attr_ints(node, "pads", 2 * n, 0, 0)
+    if tuple(np.shape(indices)) != tuple(x.shape):
+        raise ValueError(
+            f"{node.where}: indices of shape {list(np.shape(indices))} must have X's shape "
+            f"{list(x.shape)}"
+        )
+    inferred = [*x.shape[:2]] + [
+        (size - 1) * s - pads[i] - pads[n + i] + k
+        for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=True))
+    ]
+    shape = inferred if output_shape is None else [int(d) for d in np.reshape(output_shape, -1)]
+    if len(shape) != x.ndim or any(d < i for d, i in zip(shape, inferred, strict=True)):
+        raise ValueError(
+            f"{node.where}: output_shape {shape} must have X's rank and be at least {inferred} "
+            "on each axis"
+        )
+    check_size(node, shape, x.dtype)
+    total = math.prod(inferred)
+    flat = _checked_indices(node, jnp.asarray(indices).reshape(-1), total, "indices")
+    y = jnp.zeros(total, x.dtype).at[flat].set(jnp.asarray(x).reshape(-1), mode="drop")
+    y = y.reshape(inferred)
+    return jnp.pad(y, [(0, d - i) for d, i in zip(shape, inferred, strict=True)])
