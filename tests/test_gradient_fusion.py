@@ -255,3 +255,16 @@ def test_a_session_step_of_an_attached_mlp_has_the_products_of_value_and_grad() 
     assert ours["dot_general"] == by_hand["dot_general"]
     first = float(session.step(inputs)["loss"])
     np.testing.assert_allclose(first, loss(_params()), rtol=1e-6)
+
+
+def test_an_error_in_the_shared_forward_names_its_node() -> None:
+    """A forward node that fails inside the fused Gradient is named, not the Gradient."""
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["P"], name="mm"),
+        helper.make_node("ReduceSum", ["P"], ["loss"], keepdims=0),
+        _grad(["W"], ["X"], "loss", ["dW"]),
+    ]
+    inputs = [_vi("X", [4, 3]), _vi("W", [2, 2])]
+    model = _model(nodes, inputs, [_vi("loss", []), _vi("dW", [2, 2])])
+    with pytest.raises(ValueError, match=r"^node 'mm' \(ai\.onnx\.MatMul\)"):
+        backend.prepare(model)

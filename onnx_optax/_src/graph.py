@@ -10,7 +10,11 @@ not an edge, so its dependencies are its inputs plus whatever the nodes computin
 ``y`` read (stopping at ``xs`` and ``zs``). It runs ``jax.vjp`` over exactly those
 nodes, as a function of the values given for ``xs`` (``zs`` held fixed), inside
 the same computation; Gradient of a Gradient nests. A non-scalar ``y`` is seeded
-with ones: the outputs are the gradients of ``sum(y)``.
+with ones: the outputs are the gradients of ``sum(y)``. When its inputs are its
+``xs`` then ``zs`` by name, the nodes computing ``y`` that the graph also runs (a
+training graph's forward, its loss an output) are not run a second time: the
+Gradient's own forward gives their values (:class:`_FusedGradientStep`), so the
+traced step holds one forward, as ``jax.value_and_grad`` would.
 
 Subgraphs (If's branches, Loop's and Scan's bodies) are GraphFunctions of their
 own, built with the enclosing graph's names in scope; the names they read from
