@@ -10,7 +10,11 @@ not an edge, so its dependencies are its inputs plus whatever the nodes computin
 ``y`` read (stopping at ``xs`` and ``zs``). It runs ``jax.vjp`` over exactly those
 nodes, as a function of the values given for ``xs`` (``zs`` held fixed), inside
 the same computation; Gradient of a Gradient nests. A non-scalar ``y`` is seeded
-with ones: the outputs are the gradients of ``sum(y)``.
+with ones: the outputs are the gradients of ``sum(y)``. When its inputs are its
+``xs`` then ``zs`` by name, the nodes computing ``y`` that the graph also runs (a
+training graph's forward, its loss an output) are not run a second time: the
+Gradient's own forward gives their values (:class:`_FusedGradientStep`), so the
+traced step holds one forward, as ``jax.value_and_grad`` would.
 
 Subgraphs (If's branches, Loop's and Scan's bodies) are GraphFunctions of their
 own, built with the enclosing graph's names in scope; the names they read from
@@ -88,7 +92,7 @@ from onnx_optax._src.ops.sequence import (
     refuse_narrowing_in,
     tensors,
 )
-from onnx_optax._src.remat import run_steps
+from onnx_optax._src.remat import _REMAT, run_steps
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -515,7 +519,7 @@ class Subgraph:
         env.update(function.static)
         env.update((n, host_array(f"initializer '{n}'", v)) for n, v in function.params.items())
         env.update(zip(self.input_names, inputs, strict=True))
-        for step in function.order:
+        for step in function.schedule:
             step.run(env)
         return tuple(materialize(env[name]) for name in self.output_names)
 
@@ -620,6 +624,12 @@ class _GradientStep(_Step):
         self.order: list[_Step] = []  # the nodes computing y from xs and zs, set by the graph
 
     def _run(self, env: Env) -> None:
+        self.differentiate(env, ())
+
+    def differentiate(self, env: Env, keep: Sequence[str]) -> None:
+        """Sets the gradients of y w.r.t. xs in ``env``, and the values of ``keep`` (names
+        the steps of ``order`` compute) as the differentiated function computed them:
+        ``(y, vjp) = jax.vjp(f, *xs)``, each gradient ``vjp(1)``, ``keep`` from f's run."""
         values = [materialize(env[name]) for name in self.inputs]
         nx = len(self.xs)
         xs_values = [
@@ -634,10 +644,11 @@ class _GradientStep(_Step):
                 )
         zs_values = values[nx:]
         base = dict(env)
+        host: dict[str, Any] = {}  # kept values known while tracing (no tracers: not aux)
 
         replay = _REPLAY.get()
 
-        def f(*xs: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        def f(*xs: jax.Array) -> tuple[jax.Array, tuple[Any, dict[str, Any]]]:
             local = dict(base)
             local.update(zip(self.xs, xs, strict=True))
             local.update(zip(self.zs, zs_values, strict=True))
@@ -645,20 +656,60 @@ class _GradientStep(_Step):
             token = _REPLAY.set(None if replay is None else replay.faithful())
             try:
                 with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
-                    run_steps(self.order, local, [self.y])  # in segments under remat
+                    run_steps(self.order, local, [self.y, *keep])  # in segments under remat
             finally:
                 _REPLAY.reset(token)
             y = to_jax(f"{self.where}: y '{self.y}'", materialize(local[self.y]))
             if not jnp.issubdtype(y.dtype, jnp.inexact):
                 raise TypeError(f"{self.where}: y '{self.y}' has dtype {y.dtype}; it must be float")
-            return y, checks
+            traced = {}
+            for name in keep:
+                if isinstance(local[name], jax.Array):
+                    traced[name] = local[name]
+                else:
+                    host[name] = local[name]
+            return y, (checks, traced)
 
-        y, pullback, checks = jax.vjp(f, *xs_values, has_aux=True)
+        y, pullback, (checks, traced) = jax.vjp(f, *xs_values, has_aux=True)
         record_run_checks(checks)
+        env.update(host)
+        env.update(traced)
         grads = pullback(jnp.ones_like(y))
         for name, grad in zip(self.outputs, grads, strict=False):
             if name:
                 env[name] = grad
+
+
+class _FusedGradientStep(_Step):
+    """A Gradient that also computes, for the graph around it, the steps of its ``order``
+    that graph runs (``absorbed``): their values are those of the differentiated
+    function's own forward, so the forward is traced once, not beside it a second time.
+
+    Under remat the Gradient's forward is checkpointed in segments: the absorbed steps
+    then run apart first, as in an unfused schedule.
+    """
+
+    def __init__(self, gradient: _GradientStep, absorbed: Sequence[_Step]) -> None:
+        self.node = gradient.node
+        self.where = gradient.where
+        self.inputs = gradient.inputs
+        self.gradient = gradient
+        self.absorbed = tuple(absorbed)
+        self.kept = tuple(n for step in absorbed for n in step.outputs if n)
+        self.outputs = (*gradient.outputs, *self.kept)
+        self.order = gradient.order
+        # Counted as unfused: the Gradient's traces, and the absorbed steps' once more.
+        self.work = gradient.work + sum(step.work for step in absorbed)
+
+    def run(self, env: Env) -> None:
+        """Runs the Gradient and the absorbed steps; each names its own node in errors."""
+        if _REMAT.get():
+            for step in self.absorbed:
+                step.run(env)
+            self.gradient.run(env)
+            return
+        with node_errors(self.where):
+            self.gradient.differentiate(env, self.kept)
 
 
 def _gradient_names(node: Any) -> tuple[str, set[str]]:
@@ -730,6 +781,46 @@ def _refuse_sequences(step: _GradientStep) -> None:
                 f"{step.where}: the path to y '{step.y}' crosses {describe(found)}; gradients "
                 "do not flow through sequences and optionals"
             )
+
+
+def _sorted_steps(steps: list[_Step], reads: Mapping[int, Sequence[str]]) -> list[_Step] | None:
+    """``steps`` in an order that runs (each after the producers of what it reads, by
+    ``id(step)`` in ``reads``), else in their given order; None if they form a cycle.
+
+    A depth-first walk with its own stack, as :meth:`GraphFunction._topological`.
+    """
+    producer = {name: step for step in steps for name in step.outputs if name}
+    state: dict[int, int] = {}  # 1: on the current path, 2: done
+    order: list[_Step] = []
+
+    def enter(step: _Step) -> bool:
+        """Whether ``step`` is still to visit; raises LookupError on a cycle."""
+        if state.get(id(step)) == 1:
+            raise LookupError
+        if state.get(id(step)) == 2:
+            return False
+        state[id(step)] = 1
+        return True
+
+    def producers(step: _Step) -> Iterator[_Step]:
+        return (producer[name] for name in reads[id(step)] if name in producer)
+
+    try:
+        for root in steps:
+            stack = [(root, producers(root))] if enter(root) else []
+            while stack:
+                step, todo = stack[-1]
+                for child in todo:
+                    if enter(child):
+                        stack.append((child, producers(child)))
+                        break
+                else:
+                    stack.pop()
+                    state[id(step)] = 2
+                    order.append(step)
+    except LookupError:
+        return None
+    return order
 
 
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
@@ -900,6 +991,8 @@ class GraphFunction:
         self.work = sum(step.work for step in self.order)
         if self.work > max_traced_nodes:
             raise self._too_much_work(f"graph '{graph.name}': one trace", self.work)
+        # What a trace runs: ``order`` with each Gradient fused with the forward it shares.
+        self.schedule = self._fused(self.order)
         # Only the initializers the outputs need are read: an unused one may be huge.
         read = {*self.output_names, *(name for i in needed for name in self._deps(i))}
         values = dict(outer)
@@ -1061,6 +1154,46 @@ class GraphFunction:
                 if step.work > self.max_traced_nodes:
                     raise self._too_much_work(f"{step.where}: its trace", step.work)
         return self._steps[index]
+
+    def _fused(self, order: list[_Step]) -> list[_Step]:
+        """``order`` with each Gradient that can be fused replaced by a
+        :class:`_FusedGradientStep`, the steps it absorbs dropped, re-sorted."""
+        schedule = order
+        for step in order:
+            if isinstance(step, _GradientStep):
+                schedule = self._fuse(step, schedule) or schedule
+        return schedule
+
+    def _fuse(self, gradient: _GradientStep, schedule: list[_Step]) -> list[_Step] | None:
+        """``schedule`` with ``gradient`` fused with the steps of its order that it holds;
+        None where that cannot be done as it is.
+
+        Fused only when the Gradient's inputs are its xs then zs by name (so f's forward
+        reads the values the graph's does) and its order holds standard nodes alone (a
+        nested Gradient keeps its own schedule). The fused step reads what the Gradient
+        reads (its inputs, and what y's nodes read from outside them) and produces what
+        the absorbed steps produce; re-sorting finds a cycle where an x or a z, or what y
+        reads, is computed from an absorbed step's output: then nothing is fused.
+        """
+        if gradient.inputs != (*gradient.xs, *gradient.zs):
+            return None
+        if not all(isinstance(step, _StandardStep) for step in gradient.order):
+            return None
+        present = {id(step) for step in schedule}
+        absorbed = [step for step in gradient.order if id(step) in present]
+        if not absorbed:
+            return None
+        fused = _FusedGradientStep(gradient, absorbed)
+        gone = {id(step) for step in absorbed}
+        steps = [fused if step is gradient else step for step in schedule if id(step) not in gone]
+        index = {id(step): i for i, step in self._steps.items()}
+        reads = {
+            id(step): self._deps(
+                index[id(step.gradient if isinstance(step, _FusedGradientStep) else step)]
+            )
+            for step in steps
+        }
+        return _sorted_steps(steps, reads)
 
     def _deps(self, index: int) -> tuple[str, ...]:
         """The names a node reads: its inputs, and for Gradient what computing y reads."""
@@ -1258,7 +1391,7 @@ class GraphFunction:
             # what the limit leaves, for the whole trace.
             budget = unroll_budget(self.max_traced_nodes - self.work)
             with jax.numpy_rank_promotion("allow"), paused_gc(), budget:
-                for step in self.order:
+                for step in self.schedule:
                     step.run(env)
         finally:
             _REPLAY.reset(replay)
