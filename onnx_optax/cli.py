@@ -442,6 +442,11 @@ def _attach(args: argparse.Namespace) -> int:
                 optimizer=optimizer,
                 clip_global_norm=args.clip_global_norm,
                 class_axis=args.class_axis,
+                dropout=args.dropout,
+                master_dtype=args.master_dtype,
+                compute_dtype=args.compute_dtype,
+                loss_scale=args.loss_scale,
+                loss_scale_period=args.loss_scale_period,
                 **chosen,
             )
     except (TypeError, ValueError) as error:
@@ -727,6 +732,36 @@ def build_parser() -> argparse.ArgumentParser:
         "a time-major [T, N, C] output)",
     )
     attach.add_argument(
+        "--dropout",
+        action="store_true",
+        help="train with the model's Dropout nodes dropping (their training_mode switched "
+        "on in the step only; inference stays as exported; masks seeded by train's --seed)",
+    )
+    attach.add_argument(
+        "--master-dtype",
+        choices=["float32"],
+        help="a float16/bfloat16 model trains float32 master weights and state",
+    )
+    attach.add_argument(
+        "--compute-dtype",
+        choices=["bfloat16"],
+        help="a float32 model computes in bfloat16 on float32 master weights",
+    )
+    attach.add_argument(
+        "--loss-scale",
+        type=float,
+        metavar="S",
+        help="dynamic loss scaling from S (for float16): a step with a non-finite gradient "
+        "is skipped and halves S (default: none)",
+    )
+    attach.add_argument(
+        "--loss-scale-period",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="good steps in a row after which S doubles (default: 2000)",
+    )
+    attach.add_argument(
         "--keep-constants",
         action="store_true",
         help="leave float Constant nodes as they are (by default those in weight positions "
@@ -770,7 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="shuffle the rows of each epoch, in an order that depends on --seed and the "
         "epoch alone (default: in order)",
     )
-    train.add_argument("--seed", type=int, default=0, help="seed of the shuffling (default: 0)")
+    train.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the shuffling and of training-mode Dropout's masks (default: 0)",
+    )
     train.add_argument(
         "--drop-last",
         action="store_true",

@@ -687,3 +687,65 @@ def test_the_training_api_is_typed_and_says_so() -> None:
                 missing.append(f"{name}.{member.__name__}: {untyped or 'return'}")
     assert missing == []
     assert (pathlib.Path(onnx_optax.__file__).parent / "py.typed").is_file()
+
+
+# ----------------------------------------------------------------------------- dropout, precision
+
+
+def _dropping(dtype: int = F32) -> onnx.ModelProto:
+    """y = Dropout(x @ w, ratio 0.5): inference as exported, dropping once attached so."""
+    w = np.random.default_rng(2).normal(size=(3, 2)).astype(helper.tensor_dtype_to_np_dtype(dtype))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Dropout", ["h", "ratio"], ["y"]),
+        ],
+        "dropping",
+        [helper.make_tensor_value_info("x", dtype, ["N", 3])],
+        [helper.make_tensor_value_info("y", dtype, ["N", 2])],
+        initializer=[
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.asarray(0.5, np.float32), "ratio"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "options", "kwargs"),
+    [
+        (F32, ["--dropout"], {"dropout": True}),
+        (F32, ["--compute-dtype", "bfloat16"], {"compute_dtype": "bfloat16"}),
+        (TensorProto.FLOAT16, ["--master-dtype", "float32"], {"master_dtype": "float32"}),
+        (
+            TensorProto.FLOAT16,
+            ["--loss-scale", "1024", "--loss-scale-period", "10"],
+            {"loss_scale": 1024.0, "loss_scale_period": 10},
+        ),
+    ],
+)
+def test_dropout_and_precision_options_are_the_python_apis(
+    tmp_path: pathlib.Path, dtype: int, options: list[str], kwargs: dict[str, Any]
+) -> None:
+    ours = _attach_cli(tmp_path, _dropping(dtype), "--loss", "mse", *options)
+    python = training.attach(
+        _dropping(dtype), loss="mse", optimizer=onnx_optax.adam(1e-3), **kwargs
+    )
+    assert ours.SerializeToString() == python.SerializeToString()
+
+
+def test_train_seeds_dropouts_masks_with_its_seed(tmp_path: pathlib.Path) -> None:
+    """Two runs with one --seed write the same weights; another seed draws other masks."""
+    _attach_cli(tmp_path, _dropping(), "--loss", "mse", "--dropout", name="d.onnx")
+    rng = np.random.default_rng(3)
+    x, t = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(16, 2))
+    np.savez(tmp_path / "d.npz", x=x, target=t.astype(np.float32))
+    found = {}
+    for run, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        out = tmp_path / f"{run}.onnx"
+        argv = ["train", str(tmp_path / "d.onnx"), "--data", str(tmp_path / "d.npz")]
+        options = ["--steps", "3", "--batch-size", "8", "--seed", seed, "--quiet"]
+        assert cli.main([*argv, *options, "-o", str(out)]) == 0
+        found[run] = training.Session(out).initializers["w"]
+    np.testing.assert_array_equal(found["a"], found["b"])
+    assert not np.array_equal(found["a"], found["c"])

@@ -279,7 +279,7 @@ def run_train(args: argparse.Namespace, axes: dict[str, int]) -> int:
     training: ModuleType = _training()
     model = _read_model(training, args.model)
     try:
-        session = training.Session(model)
+        session = training.Session(model, seed=args.seed)  # Dropout's masks, if it drops
     except training.TrainingModelError as error:
         print(str(error), file=sys.stderr)
         return EXIT_FAILED
