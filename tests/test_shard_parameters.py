@@ -140,6 +140,16 @@ EIGHT_DEVICES = textwrap.dedent(
         assert figures["replicated"].argument_size_in_bytes > 3 * 64 * 4096 * 4  # W1, V, H whole
         assert ratio < 0.3, ratio
         assert figures["sharded"].output_size_in_bytes < 0.3 * figures["replicated"].output_size_in_bytes
+
+        # Falling with the mesh: sharded over 1, 2, 4 and 8 devices, each device's arguments
+        # (its part of W1, V and H, and of the batch) about halve with each doubling.
+        sizes = []
+        for n in (1, 2, 4, 8):
+            session = training.Session(model, devices=devices[:n], shard_parameters=True)
+            sizes.append(memory(session, rows).argument_size_in_bytes)
+        print("argument bytes per device over 1, 2, 4, 8 devices:", sizes)
+        for more, fewer in zip(sizes[1:], sizes[:-1]):
+            assert 0.45 < more / fewer < 0.6, sizes
     print("ok")
     """
 )
