@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnx_optax  # noqa: E402
 from onnx_optax import backend, training  # noqa: E402
+from tests.finite_differences import central_difference  # noqa: E402
 
 F64, I64, BOOL = TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 vi = helper.make_tensor_value_info
@@ -196,17 +197,6 @@ def _fed(model: Any, names: list[str]) -> Any:
     return changed
 
 
-def _central_difference(loss: Callable[[np.ndarray], float], w: np.ndarray) -> np.ndarray:
-    grad = np.zeros_like(w)
-    for index in np.ndindex(w.shape):
-        step = 1e-6 * max(1.0, abs(float(w[index])))
-        plus, minus = w.copy(), w.copy()
-        plus[index] += step
-        minus[index] -= step
-        grad[index] = (loss(plus) - loss(minus)) / (2 * step)
-    return grad
-
-
 @pytest.mark.parametrize("family", list(MODELS))
 def test_attach_gradient_equals_central_differences(family: str) -> None:
     model, trained_names, y_shape = MODELS[family]()
@@ -233,7 +223,7 @@ def test_attach_gradient_equals_central_differences(family: str) -> None:
                 return float(np.mean((np.asarray(y) - t) ** 2))
 
             got = initial[name] - after[name]  # W - (W - dL/dW)
-            expected = _central_difference(loss, initial[name])
+            expected = central_difference(loss, initial[name])
             largest = max(largest, float(np.abs(expected).max()))
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-8, err_msg=name)
     assert largest > 1e-3  # not a vacuous comparison (the branch not taken has none: v)

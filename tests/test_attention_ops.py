@@ -20,7 +20,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.graph import GraphFunction  # noqa: E402
+from tests.finite_differences import assert_graph_gradients  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -245,31 +245,7 @@ def _check_gradient(op: str, feeds: dict[str, np.ndarray], wrts: list[str], **at
     """Gradients of a weighted sum of the output against float64 central differences."""
     with jax.enable_x64(True):
         model = op_model(op, feeds, 1, 23, **attrs)
-        graph = GraphFunction(model.graph, opsets={"": 23})
-        shape = jax.eval_shape(lambda: graph.apply(feeds)[0]).shape
-        weights = np.random.default_rng(5).standard_normal(shape)
-
-        @jax.jit
-        @jax.value_and_grad
-        def loss(values: dict[str, Any]) -> Any:  # one compile: values and gradients
-            return (graph.apply({**feeds, **values})[0] * weights).sum()
-
-        start = {name: feeds[name] for name in wrts}
-        grads = loss(start)[1]
-        step = 1e-6
-        for name in wrts:
-            x = feeds[name]
-            grad = np.asarray(grads[name])
-            assert np.isfinite(grad).all() and np.abs(grad).max() > 1e-3
-            for flat in range(0, x.size, max(x.size // 4, 1)):
-                index = np.unravel_index(flat, x.shape)
-                plus, minus = x.copy(), x.copy()
-                plus[index] += step
-                minus[index] -= step
-                expected = (
-                    float(loss({**start, name: plus})[0]) - float(loss({**start, name: minus})[0])
-                ) / (2 * step)
-                assert abs(grad[index] - expected) <= 1e-8 + 1e-6 * abs(expected), (name, index)
+    assert_graph_gradients(model, feeds, wrts, 23, points=4, atol=1e-8)
 
 
 def test_attention_gradients_match_central_differences() -> None:

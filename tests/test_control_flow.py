@@ -10,7 +10,7 @@ outputs would have a run-time length, nesting past the limit) name the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.graph import MAX_SUBGRAPH_DEPTH, GraphFunction  # noqa: E402
+from tests.finite_differences import central_difference  # noqa: E402
 
 F32, F64, I64, BOOL = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 TRAINING = "ai.onnx.preview.training"
@@ -60,18 +61,6 @@ def assert_as_onnxruntime(model: Any, feeds: Mapping[str, np.ndarray]) -> list[n
         assert ours.shape == want.shape and ours.dtype == want.dtype, (ours, want)
         np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-6)
     return list(got)
-
-
-def central_difference(loss: Callable[[np.ndarray], float], x: np.ndarray) -> np.ndarray:
-    """d loss / d x by central differences, element by element (float64)."""
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        step = 1e-6 * max(1.0, abs(float(x[index])))
-        plus, minus = x.copy(), x.copy()
-        plus[index] += step
-        minus[index] -= step
-        grad[index] = (loss(plus) - loss(minus)) / (2 * step)
-    return grad
 
 
 def assert_gradient_matches(model: Any, feeds: dict[str, np.ndarray], wrt: str) -> None:

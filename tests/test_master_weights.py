@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import optax
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import training
@@ -16,8 +16,9 @@ from onnx_optax import training
 F16 = np.float16
 
 
-def mlp(seed: int = 0) -> onnx.ModelProto:
-    """x[N, 8] -> MatMul W1[8, 16] + b1 -> Tanh -> MatMul W2[16, 3], all float16."""
+def mlp(seed: int = 0, dtype: type = F16) -> onnx.ModelProto:
+    """x[N, 8] -> MatMul W1[8, 16] + b1 -> Tanh -> MatMul W2[16, 3], all float16 (``dtype``)."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     rng = np.random.default_rng(seed)
     weights = {
         "W1": rng.normal(size=(8, 16)) / 3,
@@ -32,9 +33,9 @@ def mlp(seed: int = 0) -> onnx.ModelProto:
             helper.make_node("MatMul", ["a", "W2"], ["y"]),
         ],
         "half_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["N", 3])],
-        initializer=[numpy_helper.from_array(v.astype(F16), n) for n, v in weights.items()],
+        [helper.make_tensor_value_info("x", elem, ["N", 8])],
+        [helper.make_tensor_value_info("y", elem, ["N", 3])],
+        initializer=[numpy_helper.from_array(v.astype(dtype), n) for n, v in weights.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 

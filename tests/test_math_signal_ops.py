@@ -18,6 +18,7 @@ from onnx import helper, shape_inference  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.graph import GraphFunction  # noqa: E402
+from tests.finite_differences import assert_graph_gradients  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -271,32 +272,7 @@ def check_gradient(
     """Gradients of a weighted sum of the output against float64 central differences."""
     with jax.enable_x64(True):
         model = op_model(op, feeds, opset, **attrs)
-        graph = GraphFunction(model.graph, opsets={"": opset})
-        given = {name: value for name, value in feeds.items() if name}
-        shape = jax.eval_shape(lambda: graph.apply(given)[0]).shape
-        weights = np.random.default_rng(5).standard_normal(shape)
-
-        @jax.jit
-        @jax.value_and_grad
-        def loss(values: dict[str, Any]) -> Any:
-            return (graph.apply({**given, **values})[0] * weights).sum()
-
-        start = {name: feeds[name] for name in wrts}
-        grads = loss(start)[1]
-        step = 1e-6
-        for name in wrts:
-            x = feeds[name]
-            grad = np.asarray(grads[name])
-            assert np.isfinite(grad).all() and np.abs(grad).max() > 1e-3
-            for flat in range(0, x.size, max(x.size // 5, 1)):
-                index = np.unravel_index(flat, x.shape)
-                plus, minus = x.copy(), x.copy()
-                plus[index] += step
-                minus[index] -= step
-                expected = (
-                    float(loss({**start, name: plus})[0]) - float(loss({**start, name: minus})[0])
-                ) / (2 * step)
-                assert abs(grad[index] - expected) <= 1e-7 + 1e-6 * abs(expected), (name, index)
+    assert_graph_gradients(model, feeds, wrts, opset)
 
 
 @pytest.mark.parametrize("op", ["Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Atanh"])

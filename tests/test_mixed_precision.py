@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import training
+from tests.test_master_weights import mlp
 
 F16 = np.float16
 C = 1e-3  # the output's factor: the float16 backward pass multiplies by it
@@ -158,26 +159,8 @@ def test_bad_loss_scale_options_are_refused(options: dict[str, object], message:
 
 
 def float32_mlp(seed: int = 0) -> onnx.ModelProto:
-    """x[N, 8] -> MatMul W1[8, 16] + b1 -> Tanh -> MatMul W2[16, 3], all float32."""
-    rng = np.random.default_rng(seed)
-    weights = {
-        "W1": rng.normal(size=(8, 16)) / 3,
-        "b1": rng.normal(size=16) / 10,
-        "W2": rng.normal(size=(16, 3)) / 4,
-    }
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W1"], ["h"]),
-            helper.make_node("Add", ["h", "b1"], ["z"]),
-            helper.make_node("Tanh", ["z"], ["a"]),
-            helper.make_node("MatMul", ["a", "W2"], ["y"]),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), n) for n, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    """test_master_weights' MLP (MatMul, Add, Tanh, MatMul) in float32."""
+    return mlp(seed, np.float32)
 
 
 MLP_FEEDS = {
