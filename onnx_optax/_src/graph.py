@@ -92,7 +92,7 @@ from onnx_optax._src.ops.sequence import (
     refuse_narrowing_in,
     tensors,
 )
-from onnx_optax._src.remat import _REMAT, run_steps
+from onnx_optax._src.remat import is_rematerializing, run_steps
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
@@ -703,7 +703,7 @@ class _FusedGradientStep(_Step):
 
     def run(self, env: Env) -> None:
         """Runs the Gradient and the absorbed steps; each names its own node in errors."""
-        if _REMAT.get():
+        if is_rematerializing():
             for step in self.absorbed:
                 step.run(env)
             self.gradient.run(env)

@@ -37,6 +37,11 @@ def rematerialized(on: bool = True) -> Iterator[None]:
         _REMAT.reset(token)
 
 
+def is_rematerializing() -> bool:
+    """Whether Gradients traced now run their nodes in checkpointed segments."""
+    return _REMAT.get()
+
+
 def _reads(steps: Sequence[Any]) -> set[str]:
     """The names the steps read, those of the nodes a nested Gradient runs included."""
     names: set[str] = set()
