@@ -155,5 +155,77 @@ def test_a_conv_with_axes_of_one_element_equals_the_direct_conv(case: str) -> No
     dropped = flat if len(flat) < n else flat[1:]
     kept = [xs[2 + d] for d in range(n) if d not in dropped]
     squeezed = "x".join(str(size) for size in (*xs[:2], *kept))
-    (line,) = [line for line in hlo.splitlines() if "stablehlo.convolution" in line]
-    assert f"(tensor<{squeezed}xf32>" in line, line
+    # on the CPU X is read channels-last (kernels over 1 tap), elsewhere as it is
+    last = "x".join(str(size) for size in (xs[0], *kept, xs[1]))
+    lines = [line for line in hlo.splitlines() if "stablehlo.convolution" in line]
+    assert lines
+    for line in lines:
+        assert f"(tensor<{squeezed}xf32>" in line or f"(tensor<{last}xf32>" in line, line
+
+
+@pytest.mark.parametrize("kernel", [[3], [3, 3], [2, 3, 3]])
+def test_a_channels_last_conv_whose_weight_is_a_constant_of_shape_then_a_mean(
+    kernel: list[int],
+) -> None:
+    """On the CPU a conv of a kernel over 1 tap runs channels-last. With the barrier on the
+    transposed weight only, XLA:CPU (jaxlib 0.10.2) dropped that barrier, fused the conv of
+    the broadcast constant weight with the mean into one YNNPACK fusion and read garbage
+    (-8e28 where the mean is 16; light_squeezenet's softmax NaN)."""
+    spatial = [5 + k for k in kernel]
+    x = np.random.default_rng(0).random((1, 64, *spatial)).astype(np.float32)
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2 + len(kernel)], [300, 64, *kernel])
+    half = helper.make_tensor("half", TensorProto.FLOAT, [1], [0.5])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["w"], value=half),
+        helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=kernel),
+        helper.make_node("GlobalAveragePool", ["y"], ["m"]),
+    ]
+    ones = [1] * len(kernel)
+    graph = helper.make_graph(
+        nodes,
+        "channels_last_conv_of_a_constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 300, *ones])],
+        initializer=[shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    got = backend.prepare(model).run([x])[0]
+    # every output is 0.5 x the sum of its window over all channels
+    summed = x.astype(np.float64).sum(1)[0]
+    windows = np.lib.stride_tricks.sliding_window_view(summed, kernel)
+    mean = 0.5 * windows.sum(tuple(range(-len(kernel), 0))).mean()
+    np.testing.assert_allclose(got, np.full((1, 300, *ones), mean), rtol=1e-5)
+
+
+# X's shape, W's shape, pads, strides, dilations
+CHANNELS_LAST: dict[
+    str, tuple[tuple[int, ...], tuple[int, ...], list[int], list[int], list[int]]
+] = {
+    "1-D": ((2, 5, 11), (4, 5, 3), [1, 2], [2], [1]),
+    "2-D strided, dilated": ((2, 5, 9, 8), (4, 5, 3, 2), [1, 0, 2, 1], [2, 1], [1, 2]),
+    "3-D": ((1, 3, 5, 6, 4), (2, 3, 2, 3, 2), [0, 1, 1, 1, 0, 0], [1, 2, 1], [1, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", CHANNELS_LAST)
+def test_the_channels_last_conv_equals_the_direct_conv(case: str) -> None:
+    """The CPU's channels-last lowering: XLA's direct NCHW conv's output and gradients."""
+    xs, ws, pads, strides, dilations = CHANNELS_LAST[case]
+    n = len(xs) - 2
+    rng = np.random.default_rng(len(case))
+    x, w = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws))
+    padding = [(pads[i], pads[i + n]) for i in range(n)]
+
+    def direct(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations)
+
+    def ours(x: Any, w: Any) -> Any:
+        return conv._channels_last_conv(x, w, strides, padding, [1] * n, dilations, 1)
+
+    want = jax.jit(direct)(x, w)
+    np.testing.assert_allclose(jax.jit(ours)(x, w), want, rtol=1e-5, atol=1e-5)
+    r = rng.standard_normal(want.shape).astype(np.float32)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a) * r), (0, 1)))(x, w)
+    expected = jax.jit(jax.grad(lambda *a: jnp.sum(direct(*a) * r), (0, 1)))(x, w)
+    for mine, theirs in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
