@@ -1039,7 +1039,7 @@ class GraphFunction:
             for p in (*step.op.static, *step.prefer_static)
             if p < len(step.inputs)
         }
-        read_as_shapes |= self._small_sources(graph)
+        read_as_shapes |= self._small_sources(graph, read_as_shapes)
         self.static_inputs = tuple(n for n in self.input_names if n in read_as_shapes)
         self._compilations: dict[Any, tuple[Any, list[Layout]]] = {}
         if check_shapes and not self.static_inputs:
@@ -1047,25 +1047,19 @@ class GraphFunction:
 
     # -- structure
 
-    def _small_sources(self, graph: Any) -> set[str]:
+    def _small_sources(self, graph: Any, read_as_shapes: set[str]) -> set[str]:
         """Graph inputs of at most SMALL_SOURCE elements (declared) that an input read
-        while tracing is computed from: a Loop's trip count or condition (test_range's
-        expanded form: M from start, limit and delta), a shape or an axis (a window's
-        size through Cast and Sub, AffineGrid's size through Slice). Read as
-        compile-time values, as a shape fed directly is: one compilation per value, the
-        loop a scan, the shape arithmetic folded."""
+        while tracing (``read_as_shapes``) is computed from: a Loop's trip count or
+        condition (test_range's expanded form: M from start, limit and delta), a shape or
+        an axis (a window's size through Cast and Sub, AffineGrid's size through Slice).
+        Read as compile-time values, as a shape fed directly is: one compilation per
+        value, the loop a scan, the shape arithmetic folded."""
         declared: dict[str, int] = {}
         for info in graph.input:
             kind = info.type.tensor_type
             if kind.HasField("shape") and all(d.HasField("dim_value") for d in kind.shape.dim):
                 declared[info.name] = int(np.prod([d.dim_value for d in kind.shape.dim]))
-        todo = [
-            step.inputs[p]
-            for step in self._steps.values()
-            if isinstance(step, _StandardStep)
-            for p in (*step.op.static, *step.prefer_static)
-            if p < len(step.inputs) and step.inputs[p]
-        ]
+        todo = [name for name in read_as_shapes if name]  # the names ops read while tracing
         found: set[str] = set()
         seen = set(todo)
         while todo:
