@@ -135,7 +135,7 @@ def _conv_model() -> onnx.ModelProto:
         helper.make_node("ReduceSum", ["T2"], ["loss"], keepdims=0),
         _grad(["K"], ["X"], "loss", ["dK"]),
     ]
-    inputs = [_vi("X", [2, 3, 6, 6]), _vi("K", [4, 3, 3, 3])]
+    inputs = [_vi("X", [2, 3, 20, 20]), _vi("K", [4, 3, 3, 3])]
     return _model(nodes, inputs, [_vi("loss", []), _vi("dK", [4, 3, 3, 3])])
 
 
@@ -146,7 +146,7 @@ def _conv_loss(k: jax.Array, x: jax.Array) -> Any:
 
 def test_a_conv_step_has_the_convolutions_of_value_and_grad() -> None:
     feeds = {
-        "X": RNG.normal(size=(2, 3, 6, 6)).astype(np.float32),
+        "X": RNG.normal(size=(2, 3, 20, 20)).astype(np.float32),  # 20x20 outputs: a conv on CPU
         "K": RNG.normal(size=(4, 3, 3, 3)).astype(np.float32),
     }
     # Counted in the CPU lowering: the traced function holds each backend's conv lowering

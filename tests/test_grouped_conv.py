@@ -2,7 +2,8 @@
 
 On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
 taps of strided slices times weights (``conv._shifted_conv``), and a group of more
-channels as a matrix product a tap batched over the groups, not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
+channels, a 1x1 kernel or a small output as one matrix product of the stacked taps
+(``conv._patches_conv``), not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
 ``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
 test with its pads computed from the ONNX spec, and onnxruntime running the
 same one-node model. Gradients are JAX's of both lowerings.
@@ -10,6 +11,7 @@ same one-node model. Gradients are JAX's of both lowerings.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -74,6 +76,20 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] =
     "1-D depthwise": ((3, 5, 17), (5, 1, 5), dict(pads=[2, 1], strides=[2])),
     "1-D 2 a group dilated": ((2, 6, 16), (9, 2, 3), dict(dilations=[3], pads=[0, 4])),
     "3-D depthwise": ((1, 3, 5, 6, 4), (3, 1, 3, 3, 2), dict(pads=[1, 1, 0, 1, 0, 1])),
+    "16 channels a group, 3x3": ((2, 32, 6, 5), (8, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
+    # one group: a matrix product on CPU for 1x1 kernels and small outputs
+    "one group, 1x1 stride 2": (
+        (2, 6, 7, 6),
+        (5, 6, 1, 1),
+        dict(strides=[2, 2], pads=[1, 0, 0, 1]),
+    ),
+    "one group, 3x3 dilation 2x1": (
+        (2, 5, 8, 9),
+        (4, 5, 3, 3),
+        dict(dilations=[2, 1], pads=[2, 0, 1, 1]),
+    ),
+    "one group, 1-D stride 2": ((2, 4, 15), (6, 4, 5), dict(strides=[2], pads=[2, 1])),
+    "one group, 3-D": ((1, 3, 5, 4, 4), (4, 3, 2, 3, 2), dict(pads=[1, 0, 1, 0, 1, 0])),
 }
 
 
@@ -168,10 +184,17 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
         node = _node(xs, ws, {})
         hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native
-    xs, ws = (1, 2, 5, 5), (4, 2, 3, 3)  # one group: XLA's own
-    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
-    hlo = jax.jit(lambda x, w: conv._conv(_node(xs, ws, {"group": 1}), x, w)).lower(x, w)
-    assert "convolution" in hlo.as_text()
+    # one group: a product for 1x1 kernels and small outputs, else XLA's own
+    side = 3 + math.isqrt(conv.PATCHES_POSITIONS)  # a 3x3 kernel's output then too large
+    for xs, ws, native in (
+        ((1, 2, 5, 5), (4, 2, 3, 3), False),
+        ((1, 2, side, side), (4, 2, 1, 1), False),
+        ((1, 2, side, side), (4, 2, 3, 3), True),
+    ):
+        x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+        node = _node(xs, ws, {"group": 1})
+        hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
+        assert ("convolution" in hlo) == native, (xs, ws)
 
 
 def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:

@@ -229,6 +229,36 @@ def _flat_axes(x: Any, w: Any, padding: Sequence[tuple[int, int]]) -> list[int]:
     return flat if len(flat) < x.ndim - 2 else flat[1:]
 
 
+def _padded_windows(
+    x: Any,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+) -> tuple[list[Any], list[int]]:
+    """The strided slice of X (N, C, ...) each tap of the kernel reads, and the output's size.
+
+    X is dilated by ``lhs_dilation`` and padded (a negative pad crops) first; the taps
+    come in W's row-major order (``itertools.product`` over the kernel's axes).
+    """
+    config = [(0, 0, 0), (0, 0, 0)]
+    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
+    x = lax.pad(x, np.zeros((), x.dtype), config)
+    out = [
+        (size - span) // s + 1
+        for size, span, s in zip(x.shape[2:], _spans(kernel, dilations), strides, strict=True)
+    ]
+    windows = []
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
+        windows.append(
+            lax.slice(x, (0, 0, *starts), (x.shape[0], x.shape[1], *ends), (1, 1, *strides))
+        )
+    return windows, out
+
+
 def _shifted_conv(
     x: Any,
     w: Any,
@@ -240,14 +270,11 @@ def _shifted_conv(
 ) -> Any:
     """``_native_conv`` as a sum over the window's taps of strided slices times weights.
 
-    X (N, C, ...) is dilated by ``lhs_dilation`` and padded (a negative pad
-    crops), then viewed as (N, group, C/group, ...); for each tap and each input
-    channel of a group, the slice of X the tap reads at every output position is
-    multiplied by that tap's weights of the group's M/group output channels.
-    XLA fuses the sum into one loop; the gradient is JAX's transpose of it. With
-    more than SHIFTED_CHANNELS channels a group, each tap's slice is instead
-    contracted with the tap's weights in one matrix product batched over the groups.
-    Inputs narrower than float32 are summed in float32, as XLA's native conv does.
+    For each tap and each input channel of a group, the slice of X the tap reads at
+    every output position (``_padded_windows``) is multiplied by that tap's weights of
+    the group's M/group output channels. XLA fuses the sum into one loop; the gradient
+    is JAX's transpose of it. Inputs narrower than float32 are summed in float32, as
+    XLA's native conv does.
     """
     dtype = x.dtype
     if jnp.finfo(dtype).bits < 32:
@@ -255,38 +282,61 @@ def _shifted_conv(
     n = x.shape[0]
     m, per_group = w.shape[:2]
     kernel = w.shape[2:]
-    config = [(0, 0, 0), (0, 0, 0)]
-    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
-    x = lax.pad(x, np.zeros((), x.dtype), config)
-    spatial = x.shape[2:]
-    out = [
-        (size - span) // s + 1
-        for size, span, s in zip(spatial, _spans(kernel, dilations), strides, strict=True)
-    ]
-    x = x.reshape((n, group, per_group, *spatial))
+    windows, out = _padded_windows(x, kernel, strides, padding, lhs_dilation, dilations)
     w = w.reshape((group, m // group, per_group, *kernel))
     ones = (1,) * len(kernel)
-    products = per_group > SHIFTED_CHANNELS
-    # each input channel of a group apart (split: its gradient is one concatenation)
-    channels = [x] if products else lax.split(x, [1] * per_group, axis=2)
     y = None
-    for tap in itertools.product(*(range(k) for k in kernel)):
-        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
-        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
+    for tap, window in zip(itertools.product(*(range(k) for k in kernel)), windows, strict=True):
         taps = w[(slice(None), slice(None), slice(None), *tap)]  # (group, M/group, C/group)
+        # each input channel of a group apart (split: its gradient is one concatenation)
+        channels = lax.split(window.reshape((n, group, per_group, *out)), [1] * per_group, 2)
         for c, xc in enumerate(channels):
-            window = lax.slice(
-                xc, (0, 0, 0, *starts), (n, group, xc.shape[2], *ends), (1, 1, 1, *strides)
-            )
-            if products:  # (group, M/group, N, ...), over the groups as the batch
-                term = lax.dot_general(taps, window, (((2,), (2,)), ((0,), (1,))))
-            else:
-                term = window * taps[:, :, c].reshape((1, group, m // group, *ones))
+            term = xc * taps[:, :, c].reshape((1, group, m // group, *ones))
             y = term if y is None else y + term
     assert y is not None  # a kernel has at least one tap
-    if products:
-        y = jnp.moveaxis(y, 2, 0)
     return y.reshape((n, m, *out)).astype(dtype)
+
+
+def _patches_conv(
+    x: Any,
+    w: Any,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+) -> Any:
+    """``_native_conv`` as one matrix product (im2col): y = W' . P.
+
+    P (N, group, C/group x taps, positions) stacks the slices each tap reads
+    (``_padded_windows``); W' is W (M, C/group, ...) as (group, M/group, C/group x taps);
+    the product is batched over the groups. A 1x1 kernel needs no stacking: the product
+    is W (M, C) by X (C, positions). XLA:CPU runs such a product through its matrix
+    kernels, 1.5-8x faster than its own convolution for 1x1 kernels and for kernels
+    over few output positions (ResNet-50's 1x1 convs at 7x7 and 14x14).
+    """
+    dtype = x.dtype
+    if jnp.finfo(dtype).bits < 32:
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    n = x.shape[0]
+    m, per_group = w.shape[:2]
+    kernel = w.shape[2:]
+    windows, out = _padded_windows(x, kernel, strides, padding, lhs_dilation, dilations)
+    positions = math.prod(out)
+    taps = len(windows)
+    patches = windows[0] if taps == 1 else jnp.stack(windows, axis=2)  # (N, C, taps, ...)
+    patches = patches.reshape((n, group, per_group * taps, positions))
+    w = w.reshape((group, m // group, per_group * taps))
+    # (group, M/group, N, positions)
+    y = lax.dot_general(w, patches, (((2,), (2,)), ((0,), (1,))))
+    return jnp.moveaxis(y, 2, 0).reshape((n, m, *out)).astype(dtype)
+
+
+# On CPU a conv of one group whose output has at most PATCHES_POSITIONS positions an
+# image, or whose kernel is 1x1, is a matrix product (``_patches_conv``); beyond that
+# XLA's own conv, channels-last, is faster (a 3x3 conv of 64 channels at 56x56: 1.1 ms
+# against the product's 1.6).
+PATCHES_POSITIONS = 256
 
 
 def _grouped_conv(
@@ -298,25 +348,42 @@ def _grouped_conv(
     dilations: Sequence[int],
     group: int,
 ) -> Any:
-    """A (possibly grouped) conv: on CPU shifted multiply-adds or products for groups
-    (see SHIFTED_CHANNELS), else native."""
+    """A (possibly grouped) conv: on CPU shifted multiply-adds for small groups (see
+    SHIFTED_CHANNELS), a matrix product for large groups, 1x1 kernels and small outputs
+    (see PATCHES_POSITIONS), else XLA's own, channels-last; XLA's own elsewhere."""
     per_group, taps = w.shape[1], math.prod(w.shape[2:])
     args = (strides, padding, lhs_dilation, dilations, group)
-    small = 0 < per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS
-    products = per_group > SHIFTED_CHANNELS and taps <= SHIFTED_TERMS
-    if group == 1 and taps > 1 and 1 <= x.ndim - 2 <= 3 and _float(x):
-        return lax.platform_dependent(
-            x,
-            w,
-            cpu=lambda x, w: _native_conv(x, w, *args, channels_last=True),
-            default=lambda x, w: _native_conv(x, w, *args),
+    if not _float(x) or x.ndim < 3 or 0 in x.shape or 0 in w.shape:
+        return _native_conv(x, w, *args)
+    if group == 1:
+        spans = _spans(w.shape[2:], dilations)
+        positions = math.prod(
+            ((size - 1) * d + 1 + lo + hi - span) // s + 1
+            for size, d, (lo, hi), span, s in zip(
+                x.shape[2:], lhs_dilation, padding, spans, strides, strict=True
+            )
         )
-    if group == 1 or not (small or products) or not _float(x):
+        if taps == 1 or (positions <= PATCHES_POSITIONS and all(d == 1 for d in lhs_dilation)):
+            cpu = _patches_conv
+        elif x.ndim - 2 <= 3:
+            return lax.platform_dependent(
+                x,
+                w,
+                cpu=lambda x, w: _native_conv(x, w, *args, channels_last=True),
+                default=lambda x, w: _native_conv(x, w, *args),
+            )
+        else:
+            return _native_conv(x, w, *args)
+    elif per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS:
+        cpu = _shifted_conv
+    elif taps <= SHIFTED_TERMS:
+        cpu = _patches_conv
+    else:
         return _native_conv(x, w, *args)
     return lax.platform_dependent(
         x,
         w,
-        cpu=lambda x, w: _shifted_conv(x, w, *args),
+        cpu=lambda x, w: cpu(x, w, *args),
         default=lambda x, w: _native_conv(x, w, *args),
     )
 
