@@ -276,6 +276,18 @@ class _OpTrace(NamedTuple):
 # Sequence ops return no JAX values of their own (a TensorSeq of their inputs' pieces).
 _UNREPLAYED = UNREPLAYED | SEQUENCE_OPS
 
+# Graph._constants_function: below this many bytes computed from constants alone, they
+# are computed in the graph on each run.
+HOISTED_BYTES = 1 << 20
+
+# Ops never computed ahead of a run from constant inputs (Graph._split_constants): those
+# that draw random numbers, and those on sequences (not arrays).
+_NOT_FOLDED = (
+    frozenset(("Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike"))
+    | frozenset(("RandomUniformLike", "Bernoulli", "Multinomial"))
+    | SEQUENCE_OPS
+)
+
 # A signature's entry in a _Replay: None once seen, its trace once recorded, False for an
 # op that checks values at run time (never replayed).
 _Traced = _OpTrace | Literal[False] | None
@@ -1016,6 +1028,11 @@ class GraphFunction:
         }
         # The rest is data, passed to the compiled graph (checked on the first run).
         self.params = {name: v for name, v in values.items() if name not in self.static}
+        self._constant_steps, self._run_schedule = self._split_constants()
+        # What ``_constants`` computed: on the host (once), on each device.
+        self._host_constants: dict[str, Any] = {}
+        self._device_constants: dict[Any, dict[str, jax.Array]] = {}
+        self._constants_jit: Any = None
         # Small feeds and initializers that only optimizer nodes read (as tensors) are
         # packed, in the nodes' order, so each group of a node fills one stretch of a
         # buffer; a value another node reads would be sliced out, which XLA compiles
@@ -1046,6 +1063,90 @@ class GraphFunction:
             self._check_shapes(graph)
 
     # -- structure
+
+    def _split_constants(self) -> tuple[list[_Step], list[_Step]]:
+        """The schedule's steps that read initializers and constants alone, and the rest.
+
+        ``__call__`` computes the first once per device, as onnxruntime folds constants
+        when it creates a session: a weight an exporter wrote as a ConstantOfShape (the
+        light zoo models), an initializer dequantized or scaled, is then an argument of
+        the compiled graph instead of computed (and materialized) on every run.
+        """
+        known = set(self.static) | set(self.params)
+        constant: list[_Step] = []
+        rest: list[_Step] = []
+        for step in self.schedule:
+            if (
+                type(step) is _StandardStep
+                and not step.subgraphs
+                and step.node.op_type not in _NOT_FOLDED
+                and all(not name or name in known for name in step.inputs)
+            ):
+                constant.append(step)
+                known.update(name for name in step.outputs if name)
+            else:
+                rest.append(step)
+        return constant, rest
+
+    def _constants(self, device: jax.Device | None) -> dict[str, Any]:
+        """The values of ``_constant_steps``'s outputs that the other steps or the graph's
+        outputs read, computed once per device (see ``_constants_function``)."""
+        if device not in self._device_constants:
+            function = self._constants_function()
+            traced: dict[str, Any] = {}
+            if function is not None:
+                p_buffers, p_own = self._device_params[device]
+                with paused_gc():
+                    traced, checks = function(p_buffers, p_own)
+                raise_failed(checks)
+            self._device_constants[device] = traced
+        return self._device_constants[device]
+
+    def _constants_function(self) -> Any:
+        """The jitted function of the initializers computing ``_constant_steps``'s outputs
+        that the other steps or the graph's outputs read: those computed in JAX are
+        returned; those computed on the host (shape data) go to ``_host_constants``,
+        which the compiled graph reads while it is traced.
+
+        None where what it would return holds less than HOISTED_BYTES: the steps are
+        then put back in the graph's schedule (a second compilation would cost more
+        than computing them on each run).
+        """
+        if self._constants_jit is not None or not self._constant_steps:
+            return self._constants_jit
+        produced = {name for step in self._constant_steps for name in step.outputs if name}
+        constant_ids = {id(step) for step in self._constant_steps}
+        read = set(self.output_names)
+        for index, step in self._steps.items():
+            if id(step) not in constant_ids:
+                read.update(self._deps(index))
+        wanted = sorted(produced & read)
+        p_layout = self._params_layout()[0]
+
+        def compute(
+            p_buffers: list[Any], p_own: dict[str, Any]
+        ) -> tuple[dict[str, Any], RunChecks]:
+            env: Env = dict(self.static)
+            env.update(unpack(p_layout, p_buffers))
+            env.update(p_own)
+            with collect_run_checks() as checks:
+                self._evaluate(env, differentiable=False, steps=self._constant_steps, outputs=())
+            traced = {}
+            for name in wanted:
+                value = materialize(env[name])
+                if is_static(value):
+                    self._host_constants[name] = value
+                else:
+                    traced[name] = value
+            return traced, RunChecks.of(checks)
+
+        shapes = jax.eval_shape(compute, *self._params_layout()[1:])[0]
+        if sum(s.size * s.dtype.itemsize for s in shapes.values()) < HOISTED_BYTES:
+            self._constant_steps, self._run_schedule = [], self.schedule
+            self._host_constants.clear()
+            return None
+        self._constants_jit = jax.jit(compute)
+        return self._constants_jit
 
     def _small_sources(self, graph: Any, read_as_shapes: set[str]) -> set[str]:
         """Graph inputs of at most SMALL_SOURCE elements (declared) that an input read
@@ -1322,7 +1423,9 @@ class GraphFunction:
             )
         layout, buffers, own = pack(specs, self._packable)
         p_buffers, p_own = self._params_layout()[1:]
-        arguments = jax.tree.map(_abstract, (buffers, own, p_buffers, p_own))
+        function = self._constants_function()
+        constants = {} if function is None else jax.eval_shape(function, p_buffers, p_own)[0]
+        arguments = jax.tree.map(_abstract, (buffers, own, p_buffers, {**p_own, **constants}))
         try:
             # The jitted function a first call of these shapes runs: JAX keeps this trace
             # for it, so the graph is traced once for both.
@@ -1371,11 +1474,20 @@ class GraphFunction:
             outputs = tuple(materialize(value) for value in values)
         return outputs, RunChecks.of(checks)
 
-    def _evaluate(self, env: Env, *, differentiable: bool = True) -> tuple[Any, ...]:
+    def _evaluate(
+        self,
+        env: Env,
+        *,
+        differentiable: bool = True,
+        steps: Sequence[_Step] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> tuple[Any, ...]:
         """Runs the nodes on ``env``; the outputs, Parts of packed buffers left as they are.
 
         ``differentiable``: the caller may differentiate the result, so custom
-        derivative rules are kept (see :class:`_Replay`).
+        derivative rules are kept (see :class:`_Replay`). ``steps``: those of the
+        schedule to run (default: all); ``outputs``: the names returned (default: the
+        graph's outputs).
         """
         replay = _REPLAY.set(_Replay(inline=not differentiable))
         # ONNX broadcasts numpy-style (multidirectional): rank promotion is the
@@ -1385,17 +1497,18 @@ class GraphFunction:
             # what the limit leaves, for the whole trace.
             budget = unroll_budget(self.max_traced_nodes - self.work)
             with jax.numpy_rank_promotion("allow"), paused_gc(), budget:
-                for step in self.schedule:
+                for step in self.schedule if steps is None else steps:
                     step.run(env)
         finally:
             _REPLAY.reset(replay)
-        outputs = tuple(env[name] for name in self.output_names)
-        for name, value in zip(self.output_names, outputs, strict=True):
+        names = self.output_names if outputs is None else outputs
+        values = tuple(env[name] for name in names)
+        for name, value in zip(names, values, strict=True):
             if any(map(is_static, tensors(value))):  # computed while tracing: JAX arrays here
                 index = self._producer.get(name)
                 of = "" if index is None else f" of {describe(self._nodes[index])}"
                 refuse_narrowing_in(f"graph output '{name}'{of}", value)
-        return outputs
+        return values
 
     def __call__(self, inputs: Any, device: jax.Device | None = None) -> list[np.ndarray]:
         if isinstance(inputs, Mapping):
@@ -1432,9 +1545,10 @@ class GraphFunction:
         p_buffers, p_own = self._device_params[device]
         if device is not None:  # the feeds only: a put of every initializer took most of a run
             buffers, own = jax.device_put((buffers, own), device)
-        arguments = (buffers, own, p_buffers, p_own)
-        compiled, out_layout = self._compiled(fixed, layout)
         try:
+            constants = self._constants(device)
+            arguments = (buffers, own, p_buffers, {**p_own, **constants})
+            compiled, out_layout = self._compiled(fixed, layout)
             with paused_gc():  # the first call of a signature traces and lowers
                 out_buffers, out_own, checks = compiled(*arguments)
         except jax.errors.JaxRuntimeError as error:
@@ -1504,13 +1618,14 @@ class GraphFunction:
                 buffers: list[Any], own: dict[str, Any], p_buffers: list[Any], p_own: dict[str, Any]
             ) -> tuple[list[Any], dict[str, Any], RunChecks]:
                 env: Env = dict(self.static)
+                env.update(self._host_constants)
                 env.update(unpack(p_layout, p_buffers))
-                env.update(p_own)
+                env.update(p_own)  # with the constants computed in JAX
                 env.update(unpack(layout, buffers))
                 env.update(own)
                 env.update(fixed)
                 with collect_run_checks() as checks:
-                    values = self._evaluate(env, differentiable=False)
+                    values = self._evaluate(env, differentiable=False, steps=self._run_schedule)
                 packed, out_buffers, out_own = outputs_of(values, self.output_names)
                 out_layout[:] = [packed]
                 return out_buffers, out_own, RunChecks.of(checks)
