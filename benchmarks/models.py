@@ -12,7 +12,8 @@ Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
 XLA's native lowering (``conv._native_conv`` while it is traced: the lowering
 before issue 21). Times are medians over rounds after a warm-up, the
-implementations in a freshly shuffled order each round; ``x ort`` is a time
+implementations in blocks of 5 calls (after an untimed one) in a freshly shuffled
+order each round (see ``_medians``); ``x ort`` is a time
 over onnxruntime's (below 1: faster than onnxruntime). ``first`` is
 prepare (session creation) plus the first run: for onnx_optax, the compile.
 
@@ -107,13 +108,22 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def _medians(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+def _medians(fns: dict[str, Callable[[], Any]], rounds: int, block: int = 5) -> dict[str, float]:
+    """Medians of ``rounds`` timed calls of each, in blocks of ``block`` calls after one
+    untimed call, the blocks in a freshly shuffled order each time.
+
+    Blocks, not single calls interleaved: onnxruntime's intra-op threads keep spinning
+    for a while after a run returns (its ``allow_spinning`` default), so a call timed
+    right after one of onnxruntime's shares the cores with them (light_resnet50: 42
+    against 32 ms interleaved one by one on 2 cores).
+    """
     for fn in fns.values():
         _timed(fn)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
+    for _ in range(-(-rounds // block)):
         for name in random.sample(list(fns), len(fns)):
-            times[name].append(_timed(fns[name])[1])
+            _timed(fns[name])
+            times[name] += [_timed(fns[name])[1] for _ in range(block)]
     return {name: statistics.median(t) for name, t in times.items()}
 
 
