@@ -184,8 +184,8 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
         node = _node(xs, ws, {})
         hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native
-    # one group: a product for 1x1 kernels and small outputs, else XLA's own
-    side = 3 + math.isqrt(conv.PATCHES_POSITIONS)  # a 3x3 kernel's output then too large
+    # one group: a product for 1x1 kernels and few stacked taps, else XLA's own
+    side = 3 + math.isqrt(conv.PATCHES_ELEMENTS // 18)  # 2 channels x 9 taps: too many
     for xs, ws, native in (
         ((1, 2, 5, 5), (4, 2, 3, 3), False),
         ((1, 2, side, side), (4, 2, 1, 1), False),
