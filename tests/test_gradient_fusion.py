@@ -149,6 +149,7 @@ def test_a_conv_step_has_the_convolutions_of_value_and_grad() -> None:
         "X": RNG.normal(size=(2, 3, 6, 6)).astype(np.float32),
         "K": RNG.normal(size=(4, 3, 3, 3)).astype(np.float32),
     }
+
     # Counted in the lowering for a GPU, whose Conv is XLA's (on the CPU a small conv is a
     # matrix product); the traced function holds each backend's lowering
     # (lax.platform_dependent), the lowering only the one its platform runs.
