@@ -1543,7 +1543,9 @@ class GraphFunction:
                 params = jax.device_put(params, device)
             self._device_params[device] = params
         p_buffers, p_own = self._device_params[device]
-        if device is not None:  # the feeds only: a put of every initializer took most of a run
+        # The feeds only (a put of every initializer took most of a run), and not to the
+        # device a jitted call puts them on anyway (the put cost a third of a small run).
+        if device is not None and not _is_default(device):
             buffers, own = jax.device_put((buffers, own), device)
         try:
             constants = self._constants(device)
@@ -1665,6 +1667,11 @@ def _inline(closed: Any, *args: Any, calls: bool = True) -> list[Any]:
                 outs = [outs]
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _is_default(device: jax.Device) -> bool:
+    """Whether a jitted call puts host arrays on ``device`` (no default device is set)."""
+    return jax.config.jax_default_device is None and device == jax.devices()[0]
 
 
 def flattened(fn: Any) -> Any:
