@@ -724,6 +724,51 @@ class _FusedGradientStep(_Step):
             self.gradient.differentiate(env, self.kept)
 
 
+class _BatchedGemmStep(_Step):
+    """Gemm nodes of the same B, C and attributes, none reading what another computes,
+    as one product: their A's stacked by rows, the result split back into their Y's.
+
+    An exporter's unrolled recurrence writes such nodes, one a time step (PyTorch's
+    LSTM: ``x_t W_ih^T`` for every t, 40 of them in the CRNN): XLA then reads B once
+    instead of once a node, and a gradient with respect to B is one product instead of
+    a sum of one a node (the CRNN's training step: 80 products of 6.5 MB summed).
+    Where the stacked product cannot be made as it is (A's of other ranks, dtypes or
+    widths, a C of rows, values known while tracing) or refuses, each node runs itself.
+    """
+
+    def __init__(self, members: Sequence[_StandardStep]) -> None:
+        self.members = tuple(members)
+        self.node = members[0].node
+        self.where = members[0].where
+        self.inputs = tuple(name for step in members for name in step.inputs)
+        self.outputs = tuple(name for step in members for name in step.outputs)
+        self.work = sum(step.work for step in members)
+
+    def run(self, env: Env) -> None:
+        first = self.members[0]
+        a = [materialize(env[step.inputs[0]]) for step in self.members]
+        rest = [materialize(env[name]) if name else None for name in first.inputs[1:]]
+        c = rest[1] if len(rest) > 1 else None
+        stackable = (
+            not any(map(is_static, a))
+            and all(np.ndim(x) == 2 for x in a)
+            and len({(x.dtype, x.shape[1]) for x in a}) == 1
+            and (c is None or np.ndim(c) < 2 or np.shape(c)[0] == 1)
+        )
+        if stackable:
+            try:
+                y = first.op.fn(first.info, jnp.concatenate(a, axis=0), *rest)
+            except (TypeError, ValueError):  # each node then says what it refuses
+                stackable = False
+        if not stackable:
+            for step in self.members:
+                step.run(env)
+            return
+        ends = np.cumsum([x.shape[0] for x in a])[:-1]
+        for step, part in zip(self.members, jnp.split(y, ends), strict=True):
+            env[step.outputs[0]] = part
+
+
 def _gradient_names(node: Any) -> tuple[str, set[str]]:
     """A Gradient node's y and the names its differentiation stops at (xs and zs)."""
     from onnx import helper
@@ -1004,7 +1049,10 @@ class GraphFunction:
         if self.work > max_traced_nodes:
             raise self._too_much_work(f"graph '{graph.name}': one trace", self.work)
         # What a trace runs: ``order`` with each Gradient fused with the forward it shares.
-        self.schedule = self._fused(self.order)
+        self.schedule = self._batched(self._fused(self.order))
+        for step in self._steps.values():
+            if isinstance(step, _GradientStep):
+                step.order = self._batched(step.order)
         # Only the initializers the outputs need are read: an unused one may be huge.
         read = {*self.output_names, *(name for i in needed for name in self._deps(i))}
         values = dict(outer)
@@ -1145,7 +1193,7 @@ class GraphFunction:
             self._constant_steps, self._run_schedule = [], self.schedule
             self._host_constants.clear()
             return None
-        self._constants_jit = jax.jit(compute)
+        self._constants_jit = jit_graph(compute, flat=False)
         return self._constants_jit
 
     def _small_sources(self, graph: Any, read_as_shapes: set[str]) -> set[str]:
@@ -1249,6 +1297,65 @@ class GraphFunction:
                 if step.work > self.max_traced_nodes:
                     raise self._too_much_work(f"{step.where}: its trace", step.work)
         return self._steps[index]
+
+    def _batched(self, steps: list[_Step]) -> list[_Step]:
+        """``steps`` (in an order that runs) with each set of Gemm nodes that can be one
+        product replaced by a :class:`_BatchedGemmStep`, re-sorted.
+
+        A set: the Gemms (transA 0) of the same B, C and attributes whose A is computed
+        from none of their outputs, through any step of ``steps``.
+        """
+        groups: dict[Any, list[_StandardStep]] = {}
+        for step in steps:
+            if (
+                type(step) is _StandardStep
+                and step.node.op_type == "Gemm"
+                and domain_of(step.node) == ""
+                and not step.info.attrs.get("transA")
+                and len(step.outputs) == 1
+            ):
+                groups.setdefault((step.inputs[1:], step.kind), []).append(step)
+        index = {id(step): i for i, step in self._steps.items()}
+
+        def reads(step: _Step) -> tuple[str, ...]:
+            inner = step.gradient if isinstance(step, _FusedGradientStep) else step
+            return self._deps(index[id(inner)])
+
+        batched = list(steps)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            ids = {id(step) for step in members}
+            downstream = {name for step in members for name in step.outputs if name}
+            for step in steps:
+                if id(step) not in ids and any(name in downstream for name in reads(step)):
+                    downstream.update(name for name in step.outputs if name)
+            free = [
+                step
+                for step in members
+                if not any(name in downstream for name in reads(step))
+            ]
+            if len(free) < 2:
+                continue
+            gone = {id(step) for step in free}
+            batch = _BatchedGemmStep(free)
+            at = next(i for i, step in enumerate(batched) if id(step) in gone)
+            batched = [step for step in batched if id(step) not in gone]
+            batched.insert(at, batch)
+        if len(batched) == len(steps):
+            return steps
+        order = _sorted_steps(
+            batched,
+            {
+                id(step): (
+                    tuple(name for member in step.members for name in reads(member))
+                    if isinstance(step, _BatchedGemmStep)
+                    else reads(step)
+                )
+                for step in batched
+            },
+        )
+        return steps if order is None else order
 
     def _fused(self, order: list[_Step]) -> list[_Step]:
         """``order`` with each Gradient that can be fused replaced by a
@@ -1632,7 +1739,7 @@ class GraphFunction:
                 out_layout[:] = [packed]
                 return out_buffers, out_own, RunChecks.of(checks)
 
-            self._compilations[key] = (jax.jit(flattened(run)), out_layout)
+            self._compilations[key] = (jit_graph(run), out_layout)
         return self._compilations[key]
 
 
@@ -1671,7 +1778,23 @@ def _inline(closed: Any, *args: Any, calls: bool = True) -> list[Any]:
 
 def _is_default(device: jax.Device) -> bool:
     """Whether a jitted call puts host arrays on ``device`` (no default device is set)."""
-    return jax.config.jax_default_device is None and device == jax.devices()[0]
+    return getattr(jax.config, "jax_default_device", None) is None and device == jax.devices()[0]
+
+
+# XLA options of the graphs compiled here, on the CPU: LLVM's optimization level 1
+# instead of the default. Measured on the real exports (tests/real_models.py): the
+# first training step's XLA compile took 25% less (PaddleOCR's classifier 12.0 to 9.1 s,
+# the CRNN 5.5 to 4.7 s) and the steps and forwards ran as fast (within the noise of
+# a few percent); at level 0 the steps ran 2-3x slower. Other JAX code of the process
+# keeps its own options.
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def jit_graph(fn: Any, *, flat: bool = True, **kwargs: Any) -> Any:
+    """``jax.jit`` of a graph's function (``flattened`` unless ``flat=False``), with
+    CPU_COMPILER_OPTIONS where JAX's default backend is the CPU."""
+    options = CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
+    return jax.jit(flattened(fn) if flat else fn, compiler_options=options, **kwargs)
 
 
 def flattened(fn: Any) -> Any:

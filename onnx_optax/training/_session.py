@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from onnx import numpy_helper
 
 from onnx_optax._src import checks
-from onnx_optax._src.graph import GraphFunction, flattened, paused_gc, to_jax
+from onnx_optax._src.graph import GraphFunction, jit_graph, paused_gc, to_jax
 from onnx_optax._src.load import DEFAULT_LIMITS
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import RunChecks, raise_failed
@@ -216,9 +216,9 @@ class Session:
         # signature, however many entries), the state donated; the run-time checks
         # (indices and labels only known then) alone in another, run first.
         step_all, evaluate_all = _weak(self._step_all), _weak(self._evaluate_all)
-        self._step = jax.jit(flattened(step_all), donate_argnums=0, **step_shard)
-        self._checks = jax.jit(flattened(lambda *a: step_all(*a)[2]), **shard)
-        self._evaluate = jax.jit(flattened(evaluate_all), **shard)
+        self._step = jit_graph(step_all, donate_argnums=0, **step_shard)
+        self._checks = jit_graph(lambda *a: step_all(*a)[2], **shard)
+        self._evaluate = jit_graph(evaluate_all, **shard)
         # The feed signatures traced for a step: whether their ops check at run time.
         self._checked: dict[Any, bool] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
