@@ -8,6 +8,7 @@ ConstantOfShape nodes; tf2onnx writes a 1-D conv on [N, C, T, 1]).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -231,3 +232,6 @@ def test_the_channels_last_conv_equals_the_direct_conv(case: str) -> None:
     expected = jax.jit(jax.grad(lambda *a: jnp.sum(direct(*a) * r), (0, 1)))(x, w)
     for mine, theirs in zip(grads, expected, strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
+    # dW: one matrix product a tap (JAX's own rule: a convolution over the batch)
+    only_w = jax.jit(jax.grad(lambda w: jnp.sum(ours(x, w) * r))).lower(w).as_text()
+    assert only_w.count("stablehlo.dot_general") == math.prod(ws[2:])
