@@ -1330,11 +1330,7 @@ class GraphFunction:
             for step in steps:
                 if id(step) not in ids and any(name in downstream for name in reads(step)):
                     downstream.update(name for name in step.outputs if name)
-            free = [
-                step
-                for step in members
-                if not any(name in downstream for name in reads(step))
-            ]
+            free = [step for step in members if not any(name in downstream for name in reads(step))]
             if len(free) < 2:
                 continue
             gone = {id(step) for step in free}
