@@ -350,10 +350,16 @@ def versus_ort_training(
             if "error" in theirs.head:
                 return {**result, "error": theirs.head["error"]}
             result["first ort"] = theirs.head["setup_s"] + theirs.head["first_step_s"]
-            ours = lambda: [_timed(lambda: session.step(ours_feeds))[1] for _ in range(block)]  # noqa: E731
+            # Each block's first step untimed: the other runtime's threads may still spin
+            # (see _medians).
+            ours = (
+                lambda: [  # noqa: E731
+                    _timed(lambda: session.step(ours_feeds))[1] for _ in range(block + 1)
+                ][1:]
+            )
             steps: dict[str, Callable[[], list[float]]] = {
                 "ours": ours,
-                "ort": lambda: theirs.steps(block),
+                "ort": lambda: theirs.steps(block + 1)[1:],
             }
             times: dict[str, list[float]] = {"ours": [], "ort": []}
             for fn in steps.values():  # warm-up
@@ -378,7 +384,8 @@ def ort_training_rows(python: str, names: list[str], batch: int, rounds: int) ->
     """The table of ``Session.step`` against onnxruntime-training's step."""
     print(
         f"\nTraining step (Adam; onnxruntime-training: AdamW, weight decay 0), ms (median of "
-        f"{max(1, rounds // 5) * 5} steps, blocks of 5 interleaved), first step in s\n"
+        f"{max(1, rounds // 5) * 5} steps, blocks of 5 after an untimed one, interleaved), "
+        "first step in s\n"
     )
     print(
         "| model | batch | trained | ort-training | ours | x ort-training "
