@@ -3,15 +3,15 @@
 For each geometry it times, jitted, XLA's ``lax.conv_general_dilated`` with
 ``feature_group_count`` (``native``) and the sum over the kernel's taps of
 strided slices times weights that ``Conv`` lowers small groups to on CPU
-(``shifted``, ``onnx_optax._src.ops.conv._shifted_conv``: with more than
-``SHIFTED_CHANNELS`` channels a group, one matrix product a tap batched over the
-groups): the forward alone, and
+(``shifted``, ``onnx_optax._src.ops.conv._shifted_conv``; with more than
+``SHIFTED_CHANNELS`` channels a group, one matrix product of the stacked taps
+batched over the groups, ``_patches_conv``): the forward alone, and
 forward + backward (``jax.grad`` of ``sum(conv(X, W) * R)`` for a fixed random R,
 with respect to X and W). Both give the same values (checked first). Times are
 medians over rounds after a warm-up, the implementations in a freshly shuffled
 order each round, ``block_until_ready`` inside the timed region; "x" is native's
 time over shifted's (above 1: shifted is faster). "op" says what ``Conv`` runs on
-CPU (``SHIFTED_CHANNELS``, ``SHIFTED_TERMS`` in ``nn.py``)::
+CPU (``SHIFTED_CHANNELS``, ``SHIFTED_TERMS`` in ``conv.py``)::
 
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py            # ~4 minutes on 2 cores
     PYTHONPATH=. .venv/bin/python benchmarks/grouped_conv.py --quick    # 5 cases
@@ -84,9 +84,11 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
     group = case.channels // case.per_group
     pad = case.kernel // 2
     args = ([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
+    products = case.per_group > conv.SHIFTED_CHANNELS
+    rewrite = conv._patches_conv if products else conv._shifted_conv
     convs = {
         "native": lambda x, w: conv._native_conv(x, w, *args),
-        "shifted": lambda x, w: conv._shifted_conv(x, w, *args),
+        "shifted": lambda x, w: rewrite(x, w, *args),
     }
     fns = {}
     for name, fn in convs.items():

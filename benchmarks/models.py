@@ -350,13 +350,12 @@ def versus_ort_training(
             if "error" in theirs.head:
                 return {**result, "error": theirs.head["error"]}
             result["first ort"] = theirs.head["setup_s"] + theirs.head["first_step_s"]
+
             # Each block's first step untimed: the other runtime's threads may still spin
             # (see _medians).
-            ours = (
-                lambda: [  # noqa: E731
-                    _timed(lambda: session.step(ours_feeds))[1] for _ in range(block + 1)
-                ][1:]
-            )
+            def ours() -> list[float]:
+                return [_timed(lambda: session.step(ours_feeds))[1] for _ in range(block + 1)][1:]
+
             steps: dict[str, Callable[[], list[float]]] = {
                 "ours": ours,
                 "ort": lambda: theirs.steps(block + 1)[1:],

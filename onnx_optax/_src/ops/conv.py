@@ -2,9 +2,11 @@
 
 Each op checks its geometry (kernel, strides, dilations, pads, groups) in Python ints
 and computes its output shape before lax is called. The lowering choices live beside
-the op: grouped and depthwise convolutions as shifted multiply-adds on the CPU
-(``_grouped_conv``), XLA's own elsewhere (``_native_conv``), channels-last on the CPU
-for kernels over one tap (``_channels_last_conv``). A new convolution or pool goes here.
+the op (``_grouped_conv``), on the CPU: small groups as shifted multiply-adds
+(``_shifted_conv``), large groups, 1x1 kernels and small convolutions as one matrix
+product of the stacked taps (``_patches_conv``), the rest channels-last
+(``_channels_last_conv``); XLA's own elsewhere (``_native_conv``). A new convolution
+or pool goes here.
 """
 
 from __future__ import annotations
@@ -121,11 +123,12 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
 # runs 3-33x slower than the same sum written as shifted multiply-adds, and its
 # gradient 2-110x slower (benchmarks/grouped_conv.py). On CPU a group of at most
 # SHIFTED_CHANNELS input channels, whose window has at most SHIFTED_TERMS taps x
-# channels, is therefore lowered as that sum; a group of more channels as one matrix
-# product a tap batched over the groups, if its window has at most SHIFTED_TERMS taps:
-# 2-3x faster than native for 1x1 kernels, 0.8x native's forward for 3x3, but a
-# gradient 50x faster. (At 8 channels a group the products' forward was 2-3x slower
-# than the sum's.) Elsewhere (GPU) the native conv.
+# channels, is therefore lowered as that sum; a group of more channels as a matrix
+# product batched over the groups (``_patches_conv``), if its window has at most
+# SHIFTED_TERMS taps: as one product a tap it was 2-3x faster than native for 1x1
+# kernels, 0.8x native's forward for 3x3, but a gradient 50x faster. (At 8 channels a
+# group the products' forward was 2-3x slower than the sum's.) Elsewhere (GPU) the
+# native conv.
 SHIFTED_CHANNELS = 8
 SHIFTED_TERMS = 128
 
