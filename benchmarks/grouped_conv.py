@@ -83,12 +83,12 @@ QUICK = [CASES[0], CASES[1], CASES[6], CASES[14], CASES[19]]
 def _functions(case: Case) -> dict[str, Callable[..., Any]]:
     group = case.channels // case.per_group
     pad = case.kernel // 2
-    args = ([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
+    geometry = conv.Geometry([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
     products = case.per_group > conv.SHIFTED_CHANNELS
     rewrite = conv._patches_conv if products else conv._shifted_conv
     convs = {
-        "native": lambda x, w: conv._native_conv(x, w, *args),
-        "shifted": lambda x, w: rewrite(x, w, *args),
+        "native": lambda x, w: conv._native_conv(x, w, geometry),
+        "shifted": lambda x, w: rewrite(x, w, geometry),
     }
     fns = {}
     for name, fn in convs.items():

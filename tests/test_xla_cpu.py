@@ -223,7 +223,9 @@ def test_the_channels_last_conv_equals_the_direct_conv(case: str) -> None:
         return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations)
 
     def ours(x: Any, w: Any) -> Any:
-        return conv._channels_last_conv(x, w, strides, padding, [1] * n, dilations, 1)
+        return conv._channels_last_conv(
+            x, w, conv.Geometry(strides, padding, [1] * n, dilations, 1)
+        )
 
     want = jax.jit(direct)(x, w)
     np.testing.assert_allclose(jax.jit(ours)(x, w), want, rtol=1e-5, atol=1e-5)

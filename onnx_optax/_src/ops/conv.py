@@ -11,10 +11,11 @@ or pool goes here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +120,28 @@ def _empty(shape: Sequence[int], dtype: Any) -> Any:
     return jnp.zeros(tuple(shape), dtype)
 
 
+class Geometry(NamedTuple):
+    """Where a convolution's taps read X (N, C, ...): per spatial axis the stride, the
+    (begin, end) pads (negative: a crop), X's dilation (a ConvTranspose's strides) and the
+    kernel's; and the groups."""
+
+    strides: Sequence[int]
+    padding: Sequence[tuple[int, int]]
+    lhs_dilation: Sequence[int]
+    dilations: Sequence[int]
+    group: int
+
+    def on_axes(self, kept: Sequence[int]) -> Geometry:
+        """The geometry of the spatial axes ``kept`` (0-based) alone."""
+        return Geometry(
+            [self.strides[d] for d in kept],
+            [self.padding[d] for d in kept],
+            [self.lhs_dilation[d] for d in kept],
+            [self.dilations[d] for d in kept],
+            self.group,
+        )
+
+
 # Grouped convolutions on CPU: XLA:CPU's native grouped conv (feature_group_count > 1)
 # runs 3-33x slower than the same sum written as shifted multiply-adds, and its
 # gradient 2-110x slower (benchmarks/grouped_conv.py). On CPU a group of at most
@@ -136,11 +159,7 @@ SHIFTED_TERMS = 128
 def _native_conv(
     x: Any,
     w: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
-    group: int,
+    geometry: Geometry,
     channels_last: bool = False,
 ) -> Any:
     """XLA's conv of X (N, C, ...) by W (M, C/group, ...), the axes ``_flat_axes`` names
@@ -150,41 +169,33 @@ def _native_conv(
     # to code that read garbage (NaN, 0 or -3.9e34 instead of the mean; light_squeezenet's
     # last GlobalAveragePool came out 0 or inf). For a weight that is an argument it
     # changes nothing.
-    flat = _flat_axes(x, w, padding)
+    flat = _flat_axes(x, w, geometry.padding)
     if flat:
-        kept = [d for d in range(len(strides)) if d not in flat]
+        kept = [d for d in range(len(geometry.strides)) if d not in flat]
         squeezed = _native_conv(
             jnp.squeeze(x, [2 + d for d in flat]),
             jnp.squeeze(w, [2 + d for d in flat]),
-            [strides[d] for d in kept],
-            [padding[d] for d in kept],
-            [lhs_dilation[d] for d in kept],
-            [dilations[d] for d in kept],
-            group,
+            geometry.on_axes(kept),
             channels_last,
         )
         return jnp.expand_dims(squeezed, [2 + d for d in flat])
     if channels_last:
-        return _channels_last_conv(x, w, strides, padding, lhs_dilation, dilations, group)
+        return _channels_last_conv(x, w, geometry)
     return lax.conv_general_dilated(
         x,
         lax.optimization_barrier(w),
-        window_strides=strides,
-        padding=padding,
-        lhs_dilation=lhs_dilation,
-        rhs_dilation=dilations,
-        feature_group_count=group,
+        window_strides=geometry.strides,
+        padding=geometry.padding,
+        lhs_dilation=geometry.lhs_dilation,
+        rhs_dilation=geometry.dilations,
+        feature_group_count=geometry.group,
     )
 
 
 def _channels_last_conv(
     x: Any,
     w: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
-    group: int,
+    geometry: Geometry,
 ) -> Any:
     """``_native_conv`` computed channels-last: y = T_back(conv(T_x(x), T_w(w))).
 
@@ -209,27 +220,22 @@ def _channels_last_conv(
         return lax.conv_general_dilated(
             x,
             w,
-            window_strides=strides,
-            padding=padding,
-            lhs_dilation=lhs_dilation,
-            rhs_dilation=dilations,
-            feature_group_count=group,
+            window_strides=geometry.strides,
+            padding=geometry.padding,
+            lhs_dilation=geometry.lhs_dilation,
+            rhs_dilation=geometry.dilations,
+            feature_group_count=geometry.group,
             dimension_numbers=numbers,
         )
 
-    if group == 1 and all(d == 1 for d in lhs_dilation):
-        y = _with_tap_products_for_w(conv, strides, padding, dilations)(x, w)
+    if geometry.group == 1 and all(d == 1 for d in geometry.lhs_dilation):
+        y = _with_tap_products_for_w(conv, geometry)(x, w)
     else:
         y = conv(x, w)
     return lax.optimization_barrier(jnp.transpose(y, (0, n + 1, *range(1, n + 1))))
 
 
-def _with_tap_products_for_w(
-    conv: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    dilations: Sequence[int],
-) -> Any:
+def _with_tap_products_for_w(conv: Any, geometry: Geometry) -> Any:
     """``conv`` (channels-last X (N, ..., C) by W (..., C, M), one group) whose gradient
     with respect to W is one matrix product a tap: dW[tap] = X_tap^T dY, X_tap the
     strided slice of the padded X the tap reads, both viewed as (positions, channels).
@@ -270,6 +276,7 @@ def _with_tap_products_for_w(
         dw = jnp.stack(taps).reshape(w.shape).astype(w.dtype)
         return dx, dw
 
+    strides, padding, _, dilations, _ = geometry
     tapped.defvjp(forward, backward)
     return tapped
 
@@ -291,26 +298,34 @@ def _flat_axes(x: Any, w: Any, padding: Sequence[tuple[int, int]]) -> list[int]:
     return flat if len(flat) < x.ndim - 2 else flat[1:]
 
 
+def _output_sizes(spatial: Sequence[int], kernel: Sequence[int], geometry: Geometry) -> list[int]:
+    """The output's spatial sizes: windows of the kernel's span in X dilated and padded."""
+    return [
+        ((size - 1) * ld + 1 + lo + hi - span) // s + 1
+        for size, ld, (lo, hi), span, s in zip(
+            spatial,
+            geometry.lhs_dilation,
+            geometry.padding,
+            _spans(kernel, geometry.dilations),
+            geometry.strides,
+            strict=True,
+        )
+    ]
+
+
 def _padded_windows(
-    x: Any,
-    kernel: Sequence[int],
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
+    x: Any, kernel: Sequence[int], geometry: Geometry
 ) -> tuple[list[Any], list[int]]:
     """The strided slice of X (N, C, ...) each tap of the kernel reads, and the output's size.
 
     X is dilated by ``lhs_dilation`` and padded (a negative pad crops) first; the taps
     come in W's row-major order (``itertools.product`` over the kernel's axes).
     """
+    strides, padding, lhs_dilation, dilations, _ = geometry
+    out = _output_sizes(x.shape[2:], kernel, geometry)
     config = [(0, 0, 0), (0, 0, 0)]
     config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
     x = lax.pad(x, np.zeros((), x.dtype), config)
-    out = [
-        (size - span) // s + 1
-        for size, span, s in zip(x.shape[2:], _spans(kernel, dilations), strides, strict=True)
-    ]
     windows = []
     for tap in itertools.product(*(range(k) for k in kernel)):
         starts = [t * d for t, d in zip(tap, dilations, strict=True)]
@@ -321,30 +336,35 @@ def _padded_windows(
     return windows, out
 
 
+def _in_float32(rewrite: Any) -> Any:
+    """A rewritten conv whose inputs narrower than float32 are computed in float32 (as
+    XLA's native conv sums them), the result cast back."""
+
+    @functools.wraps(rewrite)
+    def wide(x: Any, w: Any, geometry: Geometry) -> Any:
+        if jnp.finfo(x.dtype).bits >= 32:
+            return rewrite(x, w, geometry)
+        return rewrite(x.astype(jnp.float32), w.astype(jnp.float32), geometry).astype(x.dtype)
+
+    return wide
+
+
+@_in_float32
 def _shifted_conv(
     x: Any,
     w: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
-    group: int,
+    geometry: Geometry,
 ) -> Any:
     """``_native_conv`` as a sum over the window's taps of strided slices times weights.
 
     For each tap and each input channel of a group, the slice of X the tap reads at
     every output position (``_padded_windows``) is multiplied by that tap's weights of
     the group's M/group output channels. XLA fuses the sum into one loop; the gradient
-    is JAX's transpose of it. Inputs narrower than float32 are summed in float32, as
-    XLA's native conv does.
+    is JAX's transpose of it.
     """
-    dtype = x.dtype
-    if jnp.finfo(dtype).bits < 32:
-        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
-    n = x.shape[0]
-    m, per_group = w.shape[:2]
-    kernel = w.shape[2:]
-    windows, out = _padded_windows(x, kernel, strides, padding, lhs_dilation, dilations)
+    n, (m, per_group), kernel = x.shape[0], w.shape[:2], w.shape[2:]
+    group = geometry.group
+    windows, out = _padded_windows(x, kernel, geometry)
     w = w.reshape((group, m // group, per_group, *kernel))
     ones = (1,) * len(kernel)
     y = None
@@ -356,17 +376,14 @@ def _shifted_conv(
             term = xc * taps[:, :, c].reshape((1, group, m // group, *ones))
             y = term if y is None else y + term
     assert y is not None  # a kernel has at least one tap
-    return y.reshape((n, m, *out)).astype(dtype)
+    return y.reshape((n, m, *out))
 
 
+@_in_float32
 def _patches_conv(
     x: Any,
     w: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
-    group: int,
+    geometry: Geometry,
 ) -> Any:
     """``_native_conv`` as one matrix product (im2col): y = W' . P.
 
@@ -377,21 +394,16 @@ def _patches_conv(
     kernels, 1.5-8x faster than its own convolution for 1x1 kernels and for kernels
     over few output positions (ResNet-50's 1x1 convs at 7x7 and 14x14).
     """
-    dtype = x.dtype
-    if jnp.finfo(dtype).bits < 32:
-        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
-    n = x.shape[0]
-    m, per_group = w.shape[:2]
-    kernel = w.shape[2:]
-    windows, out = _padded_windows(x, kernel, strides, padding, lhs_dilation, dilations)
-    positions = math.prod(out)
+    n, (m, per_group), kernel = x.shape[0], w.shape[:2], w.shape[2:]
+    group = geometry.group
+    windows, out = _padded_windows(x, kernel, geometry)
     taps = len(windows)
     patches = windows[0] if taps == 1 else jnp.stack(windows, axis=2)  # (N, C, taps, ...)
-    patches = patches.reshape((n, group, per_group * taps, positions))
+    patches = patches.reshape((n, group, per_group * taps, math.prod(out)))
     w = w.reshape((group, m // group, per_group * taps))
     # (group, M/group, N, positions)
     y = lax.dot_general(w, patches, (((2,), (2,)), ((0,), (1,))))
-    return jnp.moveaxis(y, 2, 0).reshape((n, m, *out)).astype(dtype)
+    return jnp.moveaxis(y, 2, 0).reshape((n, m, *out))
 
 
 # On CPU a conv of one group is a matrix product (``_patches_conv``) when its kernel is
@@ -407,50 +419,40 @@ PATCHES_ELEMENTS = 1 << 21
 def _grouped_conv(
     x: Any,
     w: Any,
-    strides: Sequence[int],
-    padding: Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int],
-    dilations: Sequence[int],
-    group: int,
+    geometry: Geometry,
 ) -> Any:
     """A (possibly grouped) conv: on CPU shifted multiply-adds for small groups (see
     SHIFTED_CHANNELS), a matrix product for large groups, 1x1 kernels and few stacked
     taps (see PATCHES_ELEMENTS), else XLA's own, channels-last; XLA's own elsewhere."""
     per_group, taps = w.shape[1], math.prod(w.shape[2:])
-    args = (strides, padding, lhs_dilation, dilations, group)
     if not _float(x) or x.ndim < 3 or 0 in x.shape or 0 in w.shape:
-        return _native_conv(x, w, *args)
-    if group == 1:
-        spans = _spans(w.shape[2:], dilations)
-        positions = math.prod(
-            ((size - 1) * d + 1 + lo + hi - span) // s + 1
-            for size, d, (lo, hi), span, s in zip(
-                x.shape[2:], lhs_dilation, padding, spans, strides, strict=True
-            )
-        )
+        return _native_conv(x, w, geometry)
+    if geometry.group == 1:
+        positions = math.prod(_output_sizes(x.shape[2:], w.shape[2:], geometry))
         stacked = x.shape[0] * x.shape[1] * taps * positions
-        if taps == 1 or (stacked <= PATCHES_ELEMENTS and all(d == 1 for d in lhs_dilation)):
+        undilated = all(d == 1 for d in geometry.lhs_dilation)
+        if taps == 1 or (stacked <= PATCHES_ELEMENTS and undilated):
             cpu = _patches_conv
         elif x.ndim - 2 <= 3:
             return lax.platform_dependent(
                 x,
                 w,
-                cpu=lambda x, w: _native_conv(x, w, *args, channels_last=True),
-                default=lambda x, w: _native_conv(x, w, *args),
+                cpu=lambda x, w: _native_conv(x, w, geometry, channels_last=True),
+                default=lambda x, w: _native_conv(x, w, geometry),
             )
         else:
-            return _native_conv(x, w, *args)
+            return _native_conv(x, w, geometry)
     elif per_group <= SHIFTED_CHANNELS and per_group * taps <= SHIFTED_TERMS:
         cpu = _shifted_conv
     elif taps <= SHIFTED_TERMS:
         cpu = _patches_conv
     else:
-        return _native_conv(x, w, *args)
+        return _native_conv(x, w, geometry)
     return lax.platform_dependent(
         x,
         w,
-        cpu=lambda x, w: cpu(x, w, *args),
-        default=lambda x, w: _native_conv(x, w, *args),
+        cpu=lambda x, w: cpu(x, w, geometry),
+        default=lambda x, w: _native_conv(x, w, geometry),
     )
 
 
@@ -488,7 +490,7 @@ def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
             )
         out.append((size + lo + hi - span) // s + 1)
     check_size(node, out, x.dtype)
-    y = _grouped_conv(x, w, strides, padding, [1] * len(kernel), dilations, group)
+    y = _grouped_conv(x, w, Geometry(strides, padding, [1] * len(kernel), dilations, group))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
@@ -590,7 +592,7 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         before = span - 1 - lo
         # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
         padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
-    y = _grouped_conv(x, kernel_w, [1] * n, padding, strides, dilations, group)
+    y = _grouped_conv(x, kernel_w, Geometry([1] * n, padding, strides, dilations, group))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * n)
     return y
