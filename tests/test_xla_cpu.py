@@ -237,3 +237,8 @@ def test_the_channels_last_conv_equals_the_direct_conv(case: str) -> None:
     # dW: one matrix product a tap (JAX's own rule: a convolution over the batch)
     only_w = jax.jit(jax.grad(lambda w: jnp.sum(ours(x, w) * r))).lower(w).as_text()
     assert only_w.count("stablehlo.dot_general") == math.prod(ws[2:])
+    # forward mode too (the rule is a JVP)
+    dx, dw = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws))
+    _, mine = jax.jit(lambda *a: jax.jvp(ours, (x, w), a))(dx, dw)
+    _, theirs = jax.jit(lambda *a: jax.jvp(direct, (x, w), a))(dx, dw)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
