@@ -246,25 +246,16 @@ def _with_tap_products_for_w(conv: Any, geometry: Geometry) -> Any:
     products sum_tap X_tap dW[tap], whose transpose JAX takes for the gradient; the
     tangent in X stays JAX's conv. A JVP rule: forward mode (jax.jvp, hessian) works too.
     """
-    strides, padding, _, dilations, _ = geometry
 
     def taps_times(x: Any, dw: Any) -> Any:
         """sum over the taps of X_tap (positions, C) times dW[tap] (C, M): conv(x, dw)."""
-        config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in padding), (0, 0, 0)]
-        padded = lax.pad(x, np.zeros((), x.dtype), config)
         kernel = dw.shape[:-2]
-        out = _output_sizes(x.shape[1:-1], kernel, geometry)
+        windows, out = _padded_windows(x, kernel, geometry, channels_last=True)
         rows = x.shape[0] * math.prod(out)
         y = None
-        for tap in itertools.product(*(range(k) for k in kernel)):
-            starts = [t * d for t, d in zip(tap, dilations, strict=True)]
-            ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
-            window = lax.slice(
-                padded,
-                (0, *starts, 0),
-                (padded.shape[0], *ends, padded.shape[-1]),
-                (1, *strides, 1),
-            )
+        for tap, window in zip(
+            itertools.product(*(range(k) for k in kernel)), windows, strict=True
+        ):
             term = window.reshape((rows, window.shape[-1])) @ dw[tap]
             y = term if y is None else y + term
         assert y is not None  # a kernel has at least one tap
@@ -315,25 +306,30 @@ def _output_sizes(spatial: Sequence[int], kernel: Sequence[int], geometry: Geome
 
 
 def _padded_windows(
-    x: Any, kernel: Sequence[int], geometry: Geometry
+    x: Any, kernel: Sequence[int], geometry: Geometry, channels_last: bool = False
 ) -> tuple[list[Any], list[int]]:
-    """The strided slice of X (N, C, ...) each tap of the kernel reads, and the output's size.
+    """The strided slice of X (N, C, ...; ``channels_last``: N, ..., C) each tap of the
+    kernel reads, and the output's spatial size.
 
     X is dilated by ``lhs_dilation`` and padded (a negative pad crops) first; the taps
     come in W's row-major order (``itertools.product`` over the kernel's axes).
     """
     strides, padding, lhs_dilation, dilations, _ = geometry
-    out = _output_sizes(x.shape[2:], kernel, geometry)
-    config = [(0, 0, 0), (0, 0, 0)]
-    config += [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
+    first = 1 if channels_last else 2  # the first spatial axis
+    spatial = slice(first, first + len(kernel))
+    out = _output_sizes(x.shape[spatial], kernel, geometry)
+    config = [(0, 0, 0)] * x.ndim
+    config[spatial] = [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation, strict=True)]
     x = lax.pad(x, np.zeros((), x.dtype), config)
     windows = []
     for tap in itertools.product(*(range(k) for k in kernel)):
-        starts = [t * d for t, d in zip(tap, dilations, strict=True)]
-        ends = [b + (o - 1) * s + 1 for b, o, s in zip(starts, out, strides, strict=True)]
-        windows.append(
-            lax.slice(x, (0, 0, *starts), (x.shape[0], x.shape[1], *ends), (1, 1, *strides))
-        )
+        starts, ends, steps = [0] * x.ndim, list(x.shape), [1] * x.ndim
+        starts[spatial] = [t * d for t, d in zip(tap, dilations, strict=True)]
+        ends[spatial] = [
+            b + (o - 1) * s + 1 for b, o, s in zip(starts[spatial], out, strides, strict=True)
+        ]
+        steps[spatial] = strides
+        windows.append(lax.slice(x, starts, ends, steps))
     return windows, out
 
 
