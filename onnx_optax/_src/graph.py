@@ -1315,12 +1315,7 @@ class GraphFunction:
                 and len(step.outputs) == 1
             ):
                 groups.setdefault((step.inputs[1:], step.kind), []).append(step)
-        index = {id(step): i for i, step in self._steps.items()}
-
-        def reads(step: _Step) -> tuple[str, ...]:
-            inner = step.gradient if isinstance(step, _FusedGradientStep) else step
-            return self._deps(index[id(inner)])
-
+        reads = self._step_reads(steps)
         batched = list(steps)
         for members in groups.values():
             if len(members) < 2:
@@ -1328,9 +1323,11 @@ class GraphFunction:
             ids = {id(step) for step in members}
             downstream = {name for step in members for name in step.outputs if name}
             for step in steps:
-                if id(step) not in ids and any(name in downstream for name in reads(step)):
+                if id(step) not in ids and any(name in downstream for name in reads[id(step)]):
                     downstream.update(name for name in step.outputs if name)
-            free = [step for step in members if not any(name in downstream for name in reads(step))]
+            free = [
+                step for step in members if not any(name in downstream for name in reads[id(step)])
+            ]
             if len(free) < 2:
                 continue
             gone = {id(step) for step in free}
@@ -1340,18 +1337,21 @@ class GraphFunction:
             batched.insert(at, batch)
         if len(batched) == len(steps):
             return steps
-        order = _sorted_steps(
-            batched,
-            {
-                id(step): (
-                    tuple(name for member in step.members for name in reads(member))
-                    if isinstance(step, _BatchedGemmStep)
-                    else reads(step)
-                )
-                for step in batched
-            },
-        )
+        order = _sorted_steps(batched, self._step_reads(batched))
         return steps if order is None else order
+
+    def _step_reads(self, steps: Sequence[_Step]) -> dict[int, tuple[str, ...]]:
+        """What each of ``steps`` reads, by ``id``: its node's names (``_deps``); a fused
+        Gradient's, its Gradient's; a batched Gemm's, its members'."""
+        index = {id(step): i for i, step in self._steps.items()}
+
+        def reads(step: _Step) -> tuple[str, ...]:
+            if isinstance(step, _BatchedGemmStep):
+                return tuple(name for member in step.members for name in reads(member))
+            inner = step.gradient if isinstance(step, _FusedGradientStep) else step
+            return self._deps(index[id(inner)])
+
+        return {id(step): reads(step) for step in steps}
 
     def _fused(self, order: list[_Step]) -> list[_Step]:
         """``order`` with each Gradient that can be fused replaced by a
@@ -1384,14 +1384,7 @@ class GraphFunction:
         fused = _FusedGradientStep(gradient, absorbed)
         gone = {id(step) for step in absorbed}
         steps = [fused if step is gradient else step for step in schedule if id(step) not in gone]
-        index = {id(step): i for i, step in self._steps.items()}
-        reads = {
-            id(step): self._deps(
-                index[id(step.gradient if isinstance(step, _FusedGradientStep) else step)]
-            )
-            for step in steps
-        }
-        return _sorted_steps(steps, reads)
+        return _sorted_steps(steps, self._step_reads(steps))
 
     def _deps(self, index: int) -> tuple[str, ...]:
         """The names a node reads: its inputs, and for Gradient what computing y reads."""
