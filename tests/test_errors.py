@@ -609,6 +609,17 @@ def _onnx_cases() -> list[tuple[str, Callable[[], Any], type[Exception], str]]:
         ],
     )
     feeds = [R, np.int64(0), X, X, X]
+    # B is an initializer that is also a graph input: onnxruntime lets a feed override it
+    overridable = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Add", ["A", "B"], ["C"])],
+            "g",
+            [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in "AB"],
+            [helper.make_tensor_value_info("C", onnx.TensorProto.FLOAT, [3])],
+            [onnx.numpy_helper.from_array(X, "B")],
+        ),
+        opset_imports=[helper.make_opsetid("", 21)],
+    )
     return [
         (
             "run_node: not a node",
@@ -645,6 +656,18 @@ def _onnx_cases() -> list[tuple[str, Callable[[], Any], type[Exception], str]]:
             lambda: backend.prepare(model).run({"R": R}),
             ValueError,
             r"missing input\(s\) \['T', 'X', 'G', 'H'\]",
+        ),
+        (
+            "run: unknown name (a typo is not dropped)",
+            lambda: backend.prepare(model).run(dict(zip("RTXGH", feeds, strict=True), h=X)),
+            ValueError,
+            r"unknown input\(s\) \['h'\]; the graph takes \('R', 'T', 'X', 'G', 'H'\)",
+        ),
+        (
+            "run: a feed overriding an initializer (refused, never ignored)",
+            lambda: backend.prepare(overridable).run({"A": X, "B": 2 * X}),
+            ValueError,
+            r"input\(s\) \['B'\] name initializers that are also graph inputs",
         ),
         ("supports_device: unknown", lambda: backend.supports_device("TPU:0"), Exception, r""),
         (

@@ -1009,6 +1009,9 @@ class GraphFunction:
         self.input_names = tuple(
             i.name for i in graph.input if i.name not in outer and i.name not in initializers
         )
+        # Graph inputs that are also initializers: defaults a feed may override in
+        # onnxruntime; here a feed naming one is refused (see __call__), never ignored.
+        self._initializer_inputs = frozenset(i.name for i in graph.input) & initializers.keys()
         self.output_names = tuple(outputs or (o.name for o in graph.output))
         self._available = {*self.input_names, *outer, *initializers, *scope}
         self._nodes = list(graph.node)
@@ -1616,6 +1619,8 @@ class GraphFunction:
             missing = [name for name in self.input_names if name not in inputs]
             if missing:
                 raise ValueError(f"missing input(s) {missing}; the graph takes {self.input_names}")
+            if len(inputs) != len(self.input_names):
+                self._refuse_unknown(inputs)
             values = [inputs[name] for name in self.input_names]
         else:
             values = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
@@ -1664,6 +1669,19 @@ class GraphFunction:
             _declared(name, results[name], dtype)
             for name, dtype in zip(self.output_names, self.output_dtypes, strict=True)
         ]
+
+    def _refuse_unknown(self, inputs: Mapping[str, Any]) -> None:
+        """Refuses feeds the graph does not take, instead of silently dropping them."""
+        unknown = [name for name in inputs if name not in self.input_names]
+        overriding = [name for name in unknown if name in self._initializer_inputs]
+        if overriding:
+            raise ValueError(
+                f"input(s) {overriding} name initializers that are also graph inputs: "
+                "onnx_optax runs the graph with the initializers' values and does not let a "
+                "feed override them (onnxruntime does); write the value into the model's "
+                f"initializer instead. The graph takes {self.input_names}"
+            )
+        raise ValueError(f"unknown input(s) {unknown}; the graph takes {self.input_names}")
 
     def _feed(self, name: str, value: Any) -> Any:
         """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them)."""
