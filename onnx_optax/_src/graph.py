@@ -48,6 +48,7 @@ from onnx_optax._src.graph_packing import (
     pack,
     unpack,
 )
+from onnx_optax._src.host_memory import reuse_host_memory
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     OPERATORS,
@@ -93,6 +94,9 @@ from onnx_optax._src.ops.sequence import (
     tensors,
 )
 from onnx_optax._src.remat import is_rematerializing, run_steps
+
+# A graph's runs reuse their scratch memory (see host_memory): before JAX's CPU backend starts.
+reuse_host_memory()
 
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).

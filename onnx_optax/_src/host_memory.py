@@ -1,0 +1,80 @@
+"""Host memory that XLA:CPU reuses from one run to the next instead of faulting in afresh.
+
+XLA:CPU gives each run of a compiled graph one scratch block holding all its
+intermediates, allocated with ``malloc`` when the run starts and freed when it ends.
+glibc serves a block above its mmap threshold (32 MiB at most by default) with a
+fresh ``mmap`` and unmaps it on ``free``, so every run touches new pages: the kernel
+faults in and zeroes the whole scratch again. magika's training step at batch 64
+has a 941 MB scratch: 230,000 page faults and about 0.3 s of kernel time a step,
+which took the step from 0.50 to 0.72 s (``benchmarks/models.py``).
+
+:func:`reuse_host_memory` makes such blocks reusable, on Linux with glibc:
+
+- glibc's mmap threshold is raised to ``MMAP_THRESHOLD`` and its trim threshold to
+  ``TRIM_THRESHOLD``, so a freed block stays in the heap and the next run's block is
+  carved from the same, already mapped, pages (onnxruntime keeps an arena for the
+  same reason);
+- runs on the CPU execute on the thread that calls them (JAX's
+  ``jax_cpu_enable_async_dispatch`` off), because only that main heap can hold a
+  block that large: glibc's per-thread heaps are at most 64 MiB, beyond which they
+  ``mmap`` whatever the threshold. Our runs block on their results anyway; other
+  JAX computations on the CPU then also run inline instead of being queued.
+
+The price: the process keeps the memory freed by its largest run (it is reused, not
+returned to the system). Set ``ONNX_OPTAX_HOST_MEMORY=system`` before importing
+onnx_optax to keep glibc's and JAX's defaults. Dispatch can only be chosen before
+JAX starts its CPU backend, so it is left as it is when JAX has already run
+something, or when ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+import jax
+
+__all__ = ["MMAP_THRESHOLD", "OPT_OUT", "TRIM_THRESHOLD", "reuse_host_memory"]
+
+# Blocks up to 1 GiB come from the heap; up to 2 GiB freed at its top stay mapped.
+MMAP_THRESHOLD = 1 << 30
+TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes a C int
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
+OPT_OUT = "ONNX_OPTAX_HOST_MEMORY"
+
+
+def reuse_host_memory() -> bool:
+    """Tunes glibc's malloc and JAX's CPU dispatch as the module docstring says.
+
+    Returns whether malloc was tuned: False off Linux, without glibc, or when
+    ``ONNX_OPTAX_HOST_MEMORY=system``. Calling it again changes nothing more.
+    """
+    if os.environ.get(OPT_OUT, "").strip().lower() == "system":
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not (
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    ):
+        return False
+    if "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ and not _backends_started():
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    return True
+
+
+def _backends_started() -> bool:
+    """Whether JAX has created its backends (then the CPU client's dispatch is fixed)."""
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - a JAX without the module: assume started
+        return True
+    started = getattr(xla_bridge, "backends_are_initialized", None)
+    return True if started is None else bool(started())

@@ -1,0 +1,68 @@
+"""A graph's runs reuse their scratch memory (onnx_optax._src.host_memory).
+
+Counted in page faults, not timed: a jitted function whose scratch holds at least
+32 MiB runs six times in a fresh interpreter. Once onnx_optax is imported, one of
+its last four runs (glibc may place the second block elsewhere) must fault in
+almost nothing; with the opt-out (``ONNX_OPTAX_HOST_MEMORY=system``) every run
+faults in its whole scratch, which shows that the first half can fail.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from onnx_optax._src import host_memory
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+# Two 32 MiB intermediates that XLA cannot fuse away (each kept by a barrier), a scalar out.
+_RUNS = """
+import resource
+import jax, jax.numpy as jnp
+import onnx_optax.backend
+
+@jax.jit
+def scratch(x):
+    y = jax.lax.optimization_barrier(jnp.tanh(x))
+    z = jax.lax.optimization_barrier(y * 2.0)
+    return jnp.sum(z) + jnp.sum(y)
+
+x = jnp.ones((1 << 23,), jnp.float32)
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    scratch(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(faults[2:]))
+"""
+
+
+def _fewest_faults(**env: str) -> int:
+    environment = {k: v for k, v in os.environ.items() if k != host_memory.OPT_OUT}
+    environment.pop("JAX_CPU_ENABLE_ASYNC_DISPATCH", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _RUNS],
+        env={**environment, "JAX_PLATFORMS": "cpu", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(result.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="tunes glibc's malloc: Linux with glibc only")
+def test_a_run_reuses_the_scratch_of_the_last() -> None:
+    pages = (4 << 23) // 4096  # one 32 MiB intermediate, in 4 KiB pages
+    assert _fewest_faults() < pages // 20
+    assert _fewest_faults(**{host_memory.OPT_OUT: "system"}) > pages // 2
+
+
+def test_opting_out_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(host_memory.OPT_OUT, "system")
+    assert host_memory.reuse_host_memory() is False
