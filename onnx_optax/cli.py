@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import onnx_optax
 from onnx_optax._src.extras import MissingExtraError, require
+from onnx_optax._src.registry import OPTIMIZERS
 from onnx_optax._src.write import check_destination
 
 if TYPE_CHECKING:
@@ -147,19 +148,18 @@ def _read_model(training: ModuleType, path: str) -> onnx.ModelProto:
 
 # ----------------------------------------------------------------------------- attach
 
-# Each optimizer's hyperparameters and their defaults in the CLI (the factories' own, and
-# for Momentum, whose factory has none, PyTorch's SGD with momentum 0.9).
+# Momentum's operator has no defaults (ONNX requires its attributes): the CLI's own,
+# PyTorch's SGD with momentum 0.9.
+MOMENTUM_DEFAULTS = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
+# Each optimizer's hyperparameters and their defaults in the CLI: its operator's attributes
+# (those its mode does not fix), with the operator's defaults.
 HYPERPARAMETERS: dict[str, dict[str, float]] = {
-    "adagrad": {"decay_factor": 0.0, "epsilon": 1e-6, "norm_coefficient": 0.0},
-    "adam": {
-        "alpha": 0.9,
-        "beta": 0.999,
-        "epsilon": 1e-6,
-        "norm_coefficient": 0.0,
-        "norm_coefficient_post": 0.0,
-    },
-    "momentum": {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0},
-    "nesterov": {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0},
+    name: {
+        field: operator.attributes._field_defaults.get(field, MOMENTUM_DEFAULTS.get(field))
+        for field in operator.attributes._fields
+        if field not in fixed
+    }
+    for name, (operator, fixed) in OPTIMIZERS.items()
 }
 HYPERPARAMETER_HELP = {
     "alpha": "Adam: the first moment's decay; Momentum, Nesterov: the momentum's decay",
