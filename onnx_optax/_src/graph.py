@@ -29,7 +29,7 @@ import contextlib
 import contextvars
 import dataclasses
 import gc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -844,44 +844,63 @@ def _refuse_sequences(step: _GradientStep) -> None:
             )
 
 
+def _postorder(
+    roots: Iterable[Any],
+    visit: Callable[[Any, Any], Any],
+    children: Callable[[Any], Iterable[Any]],
+    cycle: Callable[[Any], Exception],
+) -> list[Any]:
+    """Nodes in depth-first postorder, walked with its own stack: a chain of many nodes
+    needs no Python recursion.
+
+    ``visit(item, parent)`` is the node an item leads to, or None where the walk stops
+    there (``parent``: the node whose item it is, None for a root); ``children(node)``
+    the items a node leads on to. Each node comes once, after every node its items lead
+    to; ``cycle(node)`` is raised when the walk meets a node on its current path.
+    """
+    order: list[Any] = []
+    path: set[Any] = set()
+    done: set[Any] = set()
+
+    def enter(item: Any, parent: Any) -> Any:
+        node = visit(item, parent)
+        if node is None or node in done:
+            return None
+        if node in path:
+            raise cycle(node)
+        path.add(node)
+        return node
+
+    for root in roots:
+        first = enter(root, None)
+        stack = [] if first is None else [(first, iter(children(first)))]
+        while stack:
+            node, todo = stack[-1]
+            for item in todo:
+                child = enter(item, node)
+                if child is not None:
+                    stack.append((child, iter(children(child))))
+                    break
+            else:
+                stack.pop()
+                path.discard(node)
+                done.add(node)
+                order.append(node)
+    return order
+
+
 def _sorted_steps(steps: list[_Step], reads: Mapping[int, Sequence[str]]) -> list[_Step] | None:
     """``steps`` in an order that runs (each after the producers of what it reads, by
-    ``id(step)`` in ``reads``), else in their given order; None if they form a cycle.
-
-    A depth-first walk with its own stack, as :meth:`GraphFunction._topological`.
-    """
+    ``id(step)`` in ``reads``), else in their given order; None if they form a cycle."""
     producer = {name: step for step in steps for name in step.outputs if name}
-    state: dict[int, int] = {}  # 1: on the current path, 2: done
-    order: list[_Step] = []
-
-    def enter(step: _Step) -> bool:
-        """Whether ``step`` is still to visit; raises LookupError on a cycle."""
-        if state.get(id(step)) == 1:
-            raise LookupError
-        if state.get(id(step)) == 2:
-            return False
-        state[id(step)] = 1
-        return True
 
     def producers(step: _Step) -> Iterator[_Step]:
         return (producer[name] for name in reads[id(step)] if name in producer)
 
     try:
-        for root in steps:
-            stack = [(root, producers(root))] if enter(root) else []
-            while stack:
-                step, todo = stack[-1]
-                for child in todo:
-                    if enter(child):
-                        stack.append((child, producers(child)))
-                        break
-                else:
-                    stack.pop()
-                    state[id(step)] = 2
-                    order.append(step)
+        return _postorder(steps, lambda step, _: step, producers, lambda _: LookupError())
     except LookupError:
         return None
-    return order
 
 
 def _make_step(graph: GraphFunction, node: Any) -> _Step:
@@ -1449,16 +1468,10 @@ class GraphFunction:
     def _topological(
         self, names: Sequence[str], stop: set[str], owner: int | None = None
     ) -> list[int]:
-        """The nodes computing ``names`` (not past ``stop``) in an order that runs.
+        """The nodes computing ``names`` (not past ``stop``) in an order that runs."""
 
-        A depth-first walk with its own stack: a chain of many nodes needs no
-        Python recursion.
-        """
-        order: list[int] = []
-        state: dict[int, int] = {}  # 1: on the current path, 2: done
-
-        def enter(name: str, reader: int | None) -> int | None:
-            """The producer of ``name`` if it is still to visit; checks the edge."""
+        def producer(name: str, reader: int | None) -> int | None:
+            """The node computing ``name``, None past the graph's edge; checks the edge."""
             if name in stop or name in self._available:
                 return None
             index = self._producer.get(name)
@@ -1474,29 +1487,14 @@ class GraphFunction:
                     f"{where}: input '{name}' is not a graph input, an initializer or the output "
                     "of a node"
                 )
-            if index == owner or state.get(index) == 1:
-                raise ValueError(
-                    f"{describe(self._nodes[index])}: the graph has a cycle through it"
-                )
-            if state.get(index) == 2:
-                return None
-            state[index] = 1
+            if index == owner:
+                raise cycle(index)
             return index
 
-        for name in names:
-            root = enter(name, None)
-            stack = [] if root is None else [(root, iter(self._deps(root)))]
-            while stack:
-                index, deps = stack[-1]
-                for dep in deps:
-                    child = enter(dep, index)
-                    if child is not None:
-                        stack.append((child, iter(self._deps(child))))
-                        break
-                else:
-                    stack.pop()
-                    state[index] = 2
-                    order.append(index)
+        def cycle(index: int) -> ValueError:
+            return ValueError(f"{describe(self._nodes[index])}: the graph has a cycle through it")
+
+        order: list[int] = _postorder(names, producer, self._deps, cycle)
         return order
 
     def _check_shapes(self, graph: Any) -> None:
