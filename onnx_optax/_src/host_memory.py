@@ -20,11 +20,13 @@ which took the step from 0.50 to 0.72 s (``benchmarks/models.py``).
   ``mmap`` whatever the threshold. Our runs block on their results anyway; other
   JAX computations on the CPU then also run inline instead of being queued.
 
-The price: the process keeps the memory freed by its largest run (it is reused, not
-returned to the system). Set ``ONNX_OPTAX_HOST_MEMORY=system`` before importing
-onnx_optax to keep glibc's and JAX's defaults. Dispatch can only be chosen before
-JAX starts its CPU backend, so it is left as it is when JAX has already run
-something, or when ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` says otherwise.
+The price, for the whole process: a freed block up to ``MMAP_THRESHOLD`` (a scratch,
+a numpy array) stays in the heap for later allocations instead of returning to the
+system, and every JAX computation on the CPU returns once its result is ready. Set
+``ONNX_OPTAX_HOST_MEMORY=system`` before importing onnx_optax to keep glibc's and
+JAX's defaults. Dispatch can only be chosen before JAX starts its backends (any
+computation, ``jax.devices()``), so it is left as it is after that, or when
+``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set.
 """
 
 from __future__ import annotations
