@@ -1,12 +1,15 @@
 """A graph's runs reuse their scratch memory (onnx_optax._src.host_memory).
 
 Counted in page faults, not timed: a jitted function whose scratch holds at least
-32 MiB runs six times in a fresh interpreter. Once onnx_optax is imported, each of
-its last four runs (glibc may place the second block elsewhere) must fault in
-almost nothing; with the opt-out (``ONNX_OPTAX_HOST_MEMORY=system``) the runs fault
-in their whole scratch, which shows that the first half can fail. The interpreter
-runs without transparent huge pages (which would fault 2 MiB at a time) and without
-the caller's malloc tunables.
+128 MiB (more than the 64 MiB a thread's own glibc heap can hold) runs twelve times
+in a fresh interpreter. Once onnx_optax is imported, most of its last ten runs (the
+median; glibc may place a block elsewhere now and then, more often on a busy
+machine) must fault in almost nothing. With the opt-out
+(``ONNX_OPTAX_HOST_MEMORY=system``) they fault in their whole scratch, which shows
+that the check can fail, and so they do with the malloc half alone
+(``JAX_CPU_ENABLE_ASYNC_DISPATCH=1``: the runs' own thread allocates). The
+interpreter runs without transparent huge pages (which would fault 2 MiB at a time)
+and without the caller's malloc tunables.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from onnx_optax._src import host_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
-# Two 32 MiB intermediates that XLA cannot fuse away (each kept by a barrier), a scalar out.
+# Two 128 MiB intermediates that XLA cannot fuse away (each kept by a barrier), a scalar out.
 _RUNS = """
 import ctypes, resource
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, as counted
@@ -35,17 +38,17 @@ def scratch(x):
     z = jax.lax.optimization_barrier(y * 2.0)
     return jnp.sum(z) + jnp.sum(y)
 
-x = jnp.ones((1 << 23,), jnp.float32)
+x = jnp.ones((1 << 25,), jnp.float32)
 faults = []
-for _ in range(6):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     scratch(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(max(faults[2:]))
+print(sorted(faults[2:])[5])
 """
 
 
-def _most_faults(**env: str) -> int:
+def _median_faults(**env: str) -> int:
     dropped = ("JAX_CPU_ENABLE_ASYNC_DISPATCH", "GLIBC_TUNABLES", host_memory.OPT_OUT)
     environment = {
         k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("MALLOC_")
@@ -63,9 +66,10 @@ def _most_faults(**env: str) -> int:
 
 @pytest.mark.skipif(not GLIBC, reason="tunes glibc's malloc: Linux with glibc only")
 def test_a_run_reuses_the_scratch_of_the_last() -> None:
-    pages = (4 << 23) // 4096  # one 32 MiB intermediate, in 4 KiB pages
-    assert _most_faults() < pages // 20
-    assert _most_faults(**{host_memory.OPT_OUT: "system"}) > pages // 2
+    pages = (4 << 25) // 4096  # one 128 MiB intermediate, in 4 KiB pages
+    assert _median_faults() < pages // 20
+    assert _median_faults(JAX_CPU_ENABLE_ASYNC_DISPATCH="1") > pages // 2
+    assert _median_faults(**{host_memory.OPT_OUT: "system"}) > pages // 2
 
 
 def test_opting_out_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
