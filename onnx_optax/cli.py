@@ -152,10 +152,11 @@ def _read_model(training: ModuleType, path: str) -> onnx.ModelProto:
 # PyTorch's SGD with momentum 0.9.
 MOMENTUM_DEFAULTS = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0}
 # Each optimizer's hyperparameters and their defaults in the CLI: its operator's attributes
-# (those its mode does not fix), with the operator's defaults.
+# (those its mode does not fix), with the operator's defaults, else the CLI's (an attribute
+# with neither is a KeyError here, at import, not a None default).
 HYPERPARAMETERS: dict[str, dict[str, float]] = {
     name: {
-        field: operator.attributes._field_defaults.get(field, MOMENTUM_DEFAULTS.get(field))
+        field: {**MOMENTUM_DEFAULTS, **operator.attributes._field_defaults}[field]
         for field in operator.attributes._fields
         if field not in fixed
     }

@@ -749,3 +749,46 @@ def test_train_seeds_dropouts_masks_with_its_seed(tmp_path: pathlib.Path) -> Non
         found[run] = training.Session(out).initializers["w"]
     np.testing.assert_array_equal(found["a"], found["b"])
     assert not np.array_equal(found["a"], found["c"])
+
+
+def test_a_rate_read_from_a_t_no_binding_writes_is_a_function_of_t() -> None:
+    # R = T + 0.1 from a T that is an initializer no update_binding writes (counts=False):
+    # T stays the function's argument (it used to be read as a constant too, so the
+    # learning-rate graph took no input at all).
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["Y"])],
+        "m",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])],
+        [
+            numpy_helper.from_array(np.ones(3, np.float32), "W"),
+            numpy_helper.from_array(np.array(5, np.int64), "T"),
+            numpy_helper.from_array(np.array(0.1, np.float32), "base"),
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(interop.DOMAIN, 1)],
+    )
+    info = model.training_info.add()
+    info.algorithm.CopyFrom(
+        helper.make_graph(
+            [
+                helper.make_node("Cast", ["T"], ["Tf"], to=TensorProto.FLOAT),
+                helper.make_node("Add", ["Tf", "base"], ["R"]),
+                helper.make_node(
+                    "Adagrad", ["R", "T", "W", "G", "H"], ["W2", "H2"], domain=interop.DOMAIN
+                ),
+            ],
+            "algorithm",
+            [],
+            [],
+        )
+    )
+    binding = info.update_binding.add()
+    binding.key, binding.value = "W", "W2"
+    rate, why = _metrics.learning_rate(model)
+    assert rate is not None, why
+    assert (rate.stored, rate.counts) == (5, False)
+    assert rate.rate(5) == pytest.approx(5.1)
+    assert rate.rate(7) == pytest.approx(7.1)

@@ -669,6 +669,13 @@ def _onnx_cases() -> list[tuple[str, Callable[[], Any], type[Exception], str]]:
             ValueError,
             r"input\(s\) \['B'\] name initializers that are also graph inputs",
         ),
+        (
+            "run: an overriding feed and a typo (both named)",
+            lambda: backend.prepare(overridable).run({"A": X, "B": X, "q": X}),
+            ValueError,
+            r"input\(s\) \['B'\] name initializers .*; unknown input\(s\) \['q'\]; the graph "
+            r"takes \('A',\)",
+        ),
         ("supports_device: unknown", lambda: backend.supports_device("TPU:0"), Exception, r""),
         (
             "prepare: unknown device",

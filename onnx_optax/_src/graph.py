@@ -1676,14 +1676,18 @@ class GraphFunction:
         """Refuses feeds the graph does not take, instead of silently dropping them."""
         unknown = [name for name in inputs if name not in self.input_names]
         overriding = [name for name in unknown if name in self._initializer_inputs]
+        others = [name for name in unknown if name not in self._initializer_inputs]
+        reasons = []
         if overriding:
-            raise ValueError(
+            reasons.append(
                 f"input(s) {overriding} name initializers that are also graph inputs: "
                 "onnx_optax runs the graph with the initializers' values and does not let a "
                 "feed override them (onnxruntime does); write the value into the model's "
-                f"initializer instead. The graph takes {self.input_names}"
+                "initializer instead"
             )
-        raise ValueError(f"unknown input(s) {unknown}; the graph takes {self.input_names}")
+        if others:
+            reasons.append(f"unknown input(s) {others}")
+        raise ValueError(f"{'; '.join(reasons)}; the graph takes {self.input_names}")
 
     def _feed(self, name: str, value: Any) -> Any:
         """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them)."""

@@ -149,9 +149,11 @@ def rate_function(
                 return None, f"R ('{rate_name}') is computed by a node with subgraphs"
             needed[id(node)] = node
             todo.extend(node.input)
+        elif name == count_name:  # the function's argument, even where no binding writes T
+            continue
         elif name in constants:
             read[name] = constants[name]
-        elif name != count_name:
+        else:
             return None, f"R ('{rate_name}') depends on '{name}', which is neither T nor a constant"
     if rate_name in read and not needed:  # a number
         value = numpy_helper.to_array(read[rate_name])
