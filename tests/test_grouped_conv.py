@@ -11,6 +11,7 @@ same one-node model. Gradients are JAX's of both lowerings.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -285,4 +286,86 @@ def test_grouped_conv_transpose_model_equals_onnxruntime(
     (want,) = session.run(None, feeds)
     (got,) = backend.prepare(model).run(feeds)
     assert np.asarray(got).shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+# A Conv whose X is a Transpose of a channels-last tensor (tf2onnx writes one before every
+# Conv) stacks its taps channels-last on CPU: name -> (the Transpose's input shape, perm,
+# W's shape, attributes, whether that path is taken)
+CHANNELS_LAST: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], dict, bool]] = {
+    "NHWC to NCHW, 3x3 stride 2": (
+        (2, 7, 6, 16),
+        (0, 3, 1, 2),
+        (5, 16, 3, 3),
+        dict(strides=[2, 2], pads=[1, 0, 1, 1]),
+        True,
+    ),
+    "magika's 1-D conv on (N, L, C, 1)": ((2, 12, 16, 1), (0, 2, 1, 3), (8, 16, 5, 1), {}, True),
+    "NWC to NCW, dilation 2": ((2, 11, 16), (0, 2, 1), (4, 16, 3), dict(dilations=[2]), True),
+    "1x1 stride 2": ((1, 5, 5, 16), (0, 3, 1, 2), (8, 16, 1, 1), dict(strides=[2, 2]), True),
+    "3-D NDHWC": ((1, 4, 3, 5, 16), (0, 4, 1, 2, 3), (3, 16, 2, 2, 3), {}, True),
+    # not a channels-last source: the spatial axes swapped, or too few channels
+    "H and W swapped": ((1, 6, 5, 16), (0, 3, 2, 1), (4, 16, 3, 3), {}, False),
+    "3 channels": ((1, 6, 5, 3), (0, 3, 1, 2), (4, 3, 3, 3), {}, False),
+}
+
+
+@pytest.mark.parametrize("case", CHANNELS_LAST)
+def test_conv_of_a_channels_last_transpose_equals_the_native_conv(case: str) -> None:
+    source_shape, perm, ws, attrs, taken = CHANNELS_LAST[case]
+    rng = np.random.default_rng(sorted(CHANNELS_LAST).index(case))
+    with jax.enable_x64(True):
+        source = jnp.asarray(rng.standard_normal(source_shape))
+        w = jnp.asarray(rng.standard_normal(ws))
+        b = jnp.asarray(rng.standard_normal(ws[0]))
+        xs = tuple(source_shape[a] for a in perm)
+        full = dict(auto_pad="NOTSET", dilations=None, kernel_shape=None, pads=None, strides=None)
+        node = Node({**full, **attrs, "group": 1}, 21, "node 'n' (ai.onnx.Conv)", 1)
+        fed = dataclasses.replace(node, input_perms=(perm, None, None))
+        assert conv._reads_channels_last(fed, jnp.transpose(source, perm)) == taken
+        assert not conv._reads_channels_last(node, jnp.transpose(source, perm))
+
+        def ours(source: Any, w: Any, b: Any) -> Any:
+            return conv._conv(fed, jnp.transpose(source, perm), w, b)
+
+        def native(source: Any, w: Any, b: Any) -> Any:
+            return _native(jnp.transpose(source, perm), w, b, xs, attrs)
+
+        got, want = jax.jit(ours)(source, w, b), jax.jit(native)(source, w, b)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        r = jnp.asarray(rng.standard_normal(want.shape))
+        grads = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a) * r), (0, 1, 2)))(source, w, b)
+        expected = jax.jit(jax.grad(lambda *a: jnp.sum(native(*a) * r), (0, 1, 2)))(source, w, b)
+        for ours_g, want_g in zip(grads, expected, strict=True):
+            np.testing.assert_allclose(ours_g, want_g, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "case", ["NHWC to NCHW, 3x3 stride 2", "magika's 1-D conv on (N, L, C, 1)"]
+)
+def test_a_transpose_then_conv_model_equals_onnxruntime(case: str) -> None:
+    """The graph tells the Conv which Transpose computed its X (Node.input_perms)."""
+    source_shape, perm, ws, attrs, _ = CHANNELS_LAST[case]
+    rng = np.random.default_rng(3)
+    source = rng.standard_normal(source_shape, np.float32)
+    w, b = rng.standard_normal(ws, np.float32), rng.standard_normal(ws[0], np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["s"], ["x"], perm=list(perm)),
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], name="n", **attrs),
+    ]
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, list(v.shape))
+        for name, v in (("s", source), ("w", w), ("b", b))
+    ]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "m", *"hwd"[: w.ndim - 2]])
+    graph = helper.make_graph(nodes, "g", inputs, [output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"s": source, "w": w, "b": b}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    prepared = backend.prepare(model)
+    (conv_step,) = [s for s in prepared.graph.order if s.node.op_type == "Conv"]
+    assert conv_step.info.input_perms == (tuple(perm), None, None)
+    (got,) = prepared.run(feeds)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

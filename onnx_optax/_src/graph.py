@@ -366,6 +366,7 @@ class _StandardStep(_Step):
             max_bytes=graph.max_bytes,
             inputs=self.inputs,
             outputs=self.outputs,
+            input_perms=graph.transposes_of(self.inputs),
         )
         if op.check is not None:
             with node_errors(self.where):
@@ -391,6 +392,7 @@ class _StandardStep(_Step):
             len(node.output),
             graph.max_bytes,
             tuple(a.SerializeToString(deterministic=True) for a in node.attribute),
+            self.info.input_perms,
         )
 
     def _call(self, args: list[Any]) -> Any:
@@ -1323,6 +1325,20 @@ class GraphFunction:
                 if step.work > self.max_traced_nodes:
                     raise self._too_much_work(f"{step.where}: its trace", step.work)
         return self._steps[index]
+
+    def transposes_of(self, names: Sequence[str]) -> tuple[tuple[int, ...] | None, ...]:
+        """Per name, the perm of the ai.onnx Transpose node of this graph computing it (()
+        for the default perm), else None (see ``Node.input_perms``)."""
+        perms: list[tuple[int, ...] | None] = []
+        for name in names:
+            index = self._producer.get(name) if name else None
+            node = None if index is None else self._nodes[index]
+            if node is None or node.op_type != "Transpose" or domain_of(node) != "":
+                perms.append(None)
+                continue
+            perm = next((a for a in node.attribute if a.name == "perm"), None)
+            perms.append(() if perm is None else tuple(int(i) for i in perm.ints))
+        return tuple(perms)
 
     def _batched(self, steps: list[_Step]) -> list[_Step]:
         """``steps`` (in an order that runs) with each set of Gemm nodes that can be one

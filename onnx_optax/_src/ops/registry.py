@@ -47,6 +47,10 @@ class Node:
     max_bytes: int = MAX_TENSOR_BYTES  # the largest tensor the node may compute
     inputs: tuple[str, ...] = ()  # the input names, for messages
     outputs: tuple[str, ...] = ()  # the output names (unique in a graph: a random op's key)
+    # Per input, the perm of the Transpose node of the same graph that computed it (()
+    # for Transpose's default, the reversed axes), else None: an op may read such an
+    # input in the Transpose's input's layout at no cost (XLA cancels the two transposes).
+    input_perms: tuple[tuple[int, ...] | None, ...] = ()
 
     def input_name(self, position: int) -> str:
         """How messages name input ``position``: its name, else its position."""
