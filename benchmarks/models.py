@@ -12,8 +12,9 @@ Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
 XLA's native lowering (``conv._native_conv`` while it is traced: the lowering
 before issue 21). Times are medians over rounds after a warm-up, the
-implementations in blocks of 5 calls (after an untimed one) in a freshly shuffled
-order each round (see ``_medians``); ``x ort`` is a time
+implementations in blocks of 5 calls in a freshly shuffled order each round, each
+block after a pause (onnxruntime's threads stop spinning) and 0.1 s of untimed
+calls (see ``_medians``); ``x ort`` is a time
 over onnxruntime's (below 1: faster than onnxruntime). ``first`` is
 prepare (session creation) plus the first run: for onnx_optax, the compile.
 
@@ -76,7 +77,7 @@ ORT_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "or
 def native_convs() -> Iterator[None]:
     """Every grouped conv traced meanwhile is XLA's native one (the lowering before issue 21)."""
     saved = conv._grouped_conv
-    conv._grouped_conv = conv._native_conv
+    conv._grouped_conv = lambda x, w, geometry, *_: conv._native_conv(x, w, geometry)
     try:
         yield
     finally:
@@ -108,21 +109,36 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def _medians(fns: dict[str, Callable[[], Any]], rounds: int, block: int = 5) -> dict[str, float]:
-    """Medians of ``rounds`` timed calls of each, in blocks of ``block`` calls after one
-    untimed call, the blocks in a freshly shuffled order each time.
+def _medians(
+    fns: dict[str, Callable[[], Any]],
+    rounds: int,
+    block: int = 5,
+    pause: float = 0.25,
+    warm: float = 0.1,
+) -> dict[str, float]:
+    """Medians of ``rounds`` timed calls of each, in blocks of ``block`` calls, the blocks
+    in a freshly shuffled order each time; before each block a ``pause`` of that many
+    seconds, then untimed calls for ``warm`` seconds (at least one).
 
-    Blocks, not single calls interleaved: onnxruntime's intra-op threads keep spinning
-    for a while after a run returns (its ``allow_spinning`` default), so a call timed
-    right after one of onnxruntime's shares the cores with them (light_resnet50: 42
-    against 32 ms interleaved one by one on 2 cores).
+    Each runtime is thus timed in its steady state, alone on the cores. onnxruntime's
+    intra-op threads keep spinning for a while after a run returns (its
+    ``allow_spinning`` default): an onnx_optax call timed after onnxruntime's shared
+    the cores with them (magika at batch 1: 4.0 against 2.2 ms, light_squeezenet 5.1
+    against 3.6 ms; an untimed call first was not enough). The pause lets them stop; a
+    pause alone left XLA's threads asleep and its first calls after it slow (magika 4.2
+    ms), so calls follow it until ``warm`` has passed. onnxruntime's own times are as
+    they were (within 2%).
     """
     for fn in fns.values():
         _timed(fn)
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(-(-rounds // block)):
         for name in random.sample(list(fns), len(fns)):
+            time.sleep(pause)
+            until = time.perf_counter() + warm
             _timed(fns[name])
+            while time.perf_counter() < until:
+                _timed(fns[name])
             times[name] += [_timed(fns[name])[1] for _ in range(block)]
     return {name: statistics.median(t) for name, t in times.items()}
 
