@@ -181,6 +181,27 @@ def _matmul(node: Node, a: Any, b: Any) -> Any:
     return _xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
 
 
+def one_hot_product(ids: Any, b: Any) -> Any:
+    """``MatMul(one_hot(ids, K), B)`` for integer ``ids`` and B (K, M), as the rows of B the
+    ids pick: the product's values, not its work (the graph uses it for an exporter's
+    one-hot embedding; see ``graph._OneHotProductStep``).
+
+    Exactly what the product gives: an id outside 0..K-1 picks no row (zeros), and
+    column j is NaN where a row the id does not pick holds an inf or NaN there (0 x inf
+    in the product). The gradient with respect to B is that of a gather: each row of
+    the output's gradient added to the row its id picked.
+    """
+    k = b.shape[0]
+    inside = ((ids >= 0) & (ids < k))[..., None]
+    picked = jnp.clip(ids, 0, k - 1)
+    rows = jnp.take(b, picked, axis=0)
+    bad = ~jnp.isfinite(b)
+    own = (jnp.take(bad, picked, axis=0) & inside).astype(jnp.int32)
+    others = jnp.sum(bad, axis=0, dtype=jnp.int32) - own
+    zero = jnp.zeros((), b.dtype)
+    return jnp.where(others > 0, jnp.asarray(jnp.nan, b.dtype), jnp.where(inside, rows, zero))
+
+
 @register("Gemm")
 def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
     _same_dtype(node, a, b, c)
