@@ -160,3 +160,17 @@ def test_a_one_hot_a_gradient_differentiates_stays_a_product(gathers: list[int])
     assert gathers == []
     want = np.einsum("blm,km->blk", r.astype(np.float64), w.astype(np.float64))  # R W^T
     np.testing.assert_allclose(np.asarray(d_one_hot), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ids_known_while_tracing_make_a_product(gathers: list[int]) -> None:
+    """An initializer's ids (int64, beyond int32 too): the graph computes the one-hot on the
+    host, never narrowing the ids to JAX's 32-bit integers."""
+    ids = _ids()
+    ids[1, 4, 0] = 2**40 + 1  # a 32-bit integer would wrap to 1
+    model = _model(SPAN)
+    model.graph.initializer.append(numpy_helper.from_array(ids, "ids"))
+    del model.graph.input[0]
+    w = np.random.default_rng(8).standard_normal((K, M)).astype(np.float32)
+    (got,) = backend.prepare(model).run({"w": w})
+    assert gathers == []
+    np.testing.assert_allclose(np.asarray(got), _product(ids, SPAN, w), rtol=1e-6, atol=1e-6)

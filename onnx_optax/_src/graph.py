@@ -796,7 +796,7 @@ class _OneHotProductStep(_StandardStep):
     at batch 1). The graph makes one only where no Gradient differentiates with respect
     to A. Where the pattern does not hold once the values are known (the constant is
     no such range, the ids no integers whose last axis has one element, B not 2-D of K
-    rows and A's type), the MatMul runs as it is.
+    rows and A's type, or ids known while tracing), the MatMul runs as it is.
     """
 
     def __init__(
@@ -838,7 +838,8 @@ class _OneHotProductStep(_StandardStep):
             source = self.expanded.get(self.equal_inputs[1 - side])
             for ids in (other, *(() if source is None else (materialize(env[source]),))):
                 if (
-                    jnp.issubdtype(ids.dtype, jnp.integer)
+                    not is_static(ids)  # host ids: the graph computes the one-hot once
+                    and jnp.issubdtype(ids.dtype, jnp.integer)
                     and np.ndim(ids) == len(one_hot_shape) >= 2
                     and ids.shape[-1] == 1
                     and np.broadcast_shapes(ids.shape, span.shape) == one_hot_shape
