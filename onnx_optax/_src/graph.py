@@ -1426,14 +1426,11 @@ class GraphFunction:
         perms: list[tuple[int, ...] | None] = []
         for name in names:
             node = self._made_by(name, "Transpose")
-            perm = (
-                None
-                if node is None
-                else next((a for a in node.attribute if a.name == "perm"), None)
-            )
-            perms.append(
-                None if node is None else () if perm is None else tuple(int(i) for i in perm.ints)
-            )
+            if node is None:
+                perms.append(None)
+                continue
+            perm = next((a for a in node.attribute if a.name == "perm"), None)
+            perms.append(() if perm is None else tuple(int(i) for i in perm.ints))
         return tuple(perms)
 
     def one_hot_of(self, node: Any) -> tuple[tuple[str, str], dict[str, str], np.dtype] | None:
