@@ -1501,12 +1501,13 @@ class GraphFunction:
                 continue
             gone = {id(step) for step in free}
             batch = _BatchedGemmStep(free)
+            reads[id(batch)] = tuple(name for step in free for name in reads[id(step)])
             at = next(i for i, step in enumerate(batched) if id(step) in gone)
             batched = [step for step in batched if id(step) not in gone]
             batched.insert(at, batch)
         if len(batched) == len(steps):
             return steps
-        order = _sorted_steps(batched, self._step_reads(batched))
+        order = _sorted_steps(batched, reads)
         return steps if order is None else order
 
     def _step_reads(self, steps: Sequence[_Step]) -> dict[int, tuple[str, ...]]:
