@@ -174,3 +174,42 @@ def test_ids_known_while_tracing_make_a_product(gathers: list[int]) -> None:
     (got,) = backend.prepare(model).run({"w": w})
     assert gathers == []
     np.testing.assert_allclose(np.asarray(got), _product(ids, SPAN, w), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, k", [(np.uint8, 256), (np.int8, 128)])
+def test_ids_of_a_narrow_type_pick_every_row_of_the_table(
+    gathers: list[int], dtype: Any, k: int
+) -> None:
+    """K is one past the ids' type's largest value: K itself would wrap in that type."""
+    span = np.arange(k).astype(dtype)
+    nodes = [
+        helper.make_node("Equal", ["ids", "span"], ["hot"]),
+        helper.make_node("Cast", ["hot"], ["one_hot"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["one_hot", "w"], ["y"]),
+    ]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("ids", elem, [4, 1]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [k, M]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, M])],
+        initializer=[numpy_helper.from_array(span, "span")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ids = np.array([[0], [1], [5], [k - 1]], dtype)
+    w = np.random.default_rng(9).standard_normal((k, M)).astype(np.float32)
+    (got,) = backend.prepare(model).run({"ids": ids, "w": w})
+    assert gathers == [1]
+    np.testing.assert_array_equal(np.asarray(got), _product(ids, span, w).astype(np.float32))
+
+
+def test_a_table_of_no_rows_gives_zeros(gathers: list[int]) -> None:
+    span = np.zeros((1, 1, 0), np.int64)
+    model = _model(span)
+    ids = _ids()
+    (got,) = backend.prepare(model).run({"ids": ids, "w": np.zeros((0, M), np.float32)})
+    assert gathers == []
+    np.testing.assert_array_equal(np.asarray(got), np.zeros((2, 5, M), np.float32))

@@ -827,6 +827,8 @@ class _OneHotProductStep(_StandardStep):
         table = materialize(env[self.inputs[1]])
         if is_static(table) or np.ndim(table) != 2 or table.dtype != self.dtype:
             return None
+        if not table.shape[0]:  # K = 0: the product's zeros, as it is
+            return None
         values = [materialize(env[name]) for name in self.equal_inputs]
         for side, (span, other) in enumerate((values, values[::-1])):
             if not is_static(span) or not _is_range(span) or span.shape[-1] != table.shape[0]:

@@ -772,10 +772,13 @@ def _separable_max(x: Any, low: Any, window: dict[str, Any]) -> Any:
     """The windows' maxima (``lax.reduce_window``) as one reduce_window per spatial axis.
 
     A window is the product of its axes' windows, so the maximum over it is the
-    maximum along each axis in turn: the same values, and the same gradient. JAX's
-    goes to a window's first maximum in row-major order; reduced along the last axis
-    first, it goes to the first row holding the maximum, then to the first maximum in
-    that row, the same element (the other order picks the first column). XLA:CPU
+    maximum along each axis in turn: the same values, and the gradient goes to the same
+    element. JAX's goes to a window's first maximum in row-major order; reduced along
+    the last axis first, it goes to the first row holding the maximum, then to the
+    first maximum in that row, the same element (the other order picks the first
+    column). An element that several windows pick sums their gradients in another
+    order (float rounding apart, the same), and a window holding a NaN sends its
+    gradient elsewhere than one reduce_window does (neither to the NaN). XLA:CPU
     runs the passes faster than one window over several axes (light_squeezenet's
     3x3 pool on [1, 64, 111, 111]: 0.19 against 0.44 ms; MTCNN onet at batch 1, 0.84x
     the time).

@@ -188,11 +188,13 @@ def one_hot_product(ids: Any, b: Any) -> Any:
 
     Exactly what the product gives: an id outside 0..K-1 picks no row (zeros), and
     column j is NaN where a row the id does not pick holds an inf or NaN there (0 x inf
-    in the product). The gradient with respect to B is that of a gather: each row of
-    the output's gradient added to the row its id picked.
+    in the product). For a finite B the gradient with respect to B is the product's:
+    each row of the output's gradient added to the row its id picked (where a NaN was
+    chosen, none reaches B). K >= 1.
     """
     k = b.shape[0]
-    inside = ((ids >= 0) & (ids < k))[..., None]
+    # K - 1, not K: it fits the ids' type (uint8 ids of a 256-row table: 256 wraps to 0)
+    inside = ((ids >= 0) & (ids <= k - 1))[..., None]
     picked = jnp.clip(ids, 0, k - 1)
     rows = jnp.take(b, picked, axis=0)
     bad = ~jnp.isfinite(b)
