@@ -369,3 +369,23 @@ def test_a_transpose_then_conv_model_equals_onnxruntime(case: str) -> None:
     assert conv_step.info.input_perms == (tuple(perm), None, None)
     (got,) = prepared.run(feeds)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_stack_of_nine_taps_is_concatenated_eight_at_most_at_a_time() -> None:
+    """XLA:CPU fuses a concatenation of at most 8 operands into one kernel (conv._stacked)."""
+    geometry = conv.Geometry([1, 1], [(1, 1), (1, 1)], [1, 1], [1, 1], 1)
+    x, w = jnp.ones((1, 16, 7, 7), jnp.float32), jnp.ones((4, 16, 3, 3), jnp.float32)
+    for channels_last in (False, True):
+        text = (
+            jax.jit(
+                lambda x, w, cl=channels_last: conv._patches_conv(x, w, geometry, channels_last=cl)
+            )
+            .lower(x, w)
+            .as_text()
+        )
+        widths = [
+            line.split("concatenate", 1)[1].split("dim", 1)[0].count("%")
+            for line in text.splitlines()
+            if "stablehlo.concatenate" in line
+        ]
+        assert widths and max(widths) <= conv.FUSED_OPERANDS, widths
