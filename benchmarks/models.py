@@ -109,12 +109,17 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+# Before each timed block: a pause (s), then untimed calls for WARM seconds (onnxruntime-
+# training's steps, run in its own process: WARM_STEPS of them). See _medians.
+PAUSE, WARM, WARM_STEPS = 0.25, 0.1, 3
+
+
 def _medians(
     fns: dict[str, Callable[[], Any]],
     rounds: int,
     block: int = 5,
-    pause: float = 0.25,
-    warm: float = 0.1,
+    pause: float = PAUSE,
+    warm: float = WARM,
 ) -> dict[str, float]:
     """Medians of ``rounds`` timed calls of each, in blocks of ``block`` calls, the blocks
     in a freshly shuffled order each time; before each block a ``pause`` of that many
@@ -367,15 +372,21 @@ def versus_ort_training(
                 return {**result, "error": theirs.head["error"]}
             result["first ort"] = theirs.head["setup_s"] + theirs.head["first_step_s"]
 
-            # Each block's first step untimed: the other runtime's threads may still spin
-            # (see _medians).
+            # Each block after a pause and untimed steps, as in _medians: the other
+            # runtime's threads may still spin.
             def ours() -> list[float]:
-                return [_timed(lambda: session.step(ours_feeds))[1] for _ in range(block + 1)][1:]
+                time.sleep(PAUSE)
+                until = time.perf_counter() + WARM
+                _timed(lambda: session.step(ours_feeds))
+                while time.perf_counter() < until:
+                    _timed(lambda: session.step(ours_feeds))
+                return [_timed(lambda: session.step(ours_feeds))[1] for _ in range(block)]
 
-            steps: dict[str, Callable[[], list[float]]] = {
-                "ours": ours,
-                "ort": lambda: theirs.steps(block + 1)[1:],
-            }
+            def ort() -> list[float]:
+                time.sleep(PAUSE)
+                return theirs.steps(block + WARM_STEPS)[WARM_STEPS:]
+
+            steps: dict[str, Callable[[], list[float]]] = {"ours": ours, "ort": ort}
             times: dict[str, list[float]] = {"ours": [], "ort": []}
             for fn in steps.values():  # warm-up
                 fn()
@@ -399,7 +410,8 @@ def ort_training_rows(python: str, names: list[str], batch: int, rounds: int) ->
     """The table of ``Session.step`` against onnxruntime-training's step."""
     print(
         f"\nTraining step (Adam; onnxruntime-training: AdamW, weight decay 0), ms (median of "
-        f"{max(1, rounds // 5) * 5} steps, blocks of 5 after an untimed one, interleaved), "
+        f"{max(1, rounds // 5) * 5} steps, blocks of 5 after a pause and untimed steps, "
+        "interleaved), "
         "first step in s\n"
     )
     print(
