@@ -283,12 +283,7 @@ _UNREPLAYED = UNREPLAYED | SEQUENCE_OPS
 
 # The Cast types of a one-hot a MatMul multiplies (GraphFunction.one_hot_of): ONNX's
 # FLOAT, FLOAT16, DOUBLE and BFLOAT16.
-_ONE_HOT_TYPES = {
-    1: np.dtype(np.float32),
-    10: np.dtype(np.float16),
-    11: np.dtype(np.float64),
-    16: np.dtype(jnp.bfloat16),
-}
+_ONE_HOT_TYPES = frozenset((1, 10, 11, 16))
 
 # Graph._constants_function: below this many bytes computed from constants alone, they
 # are computed in the graph on each run.
@@ -1456,7 +1451,7 @@ class GraphFunction:
             expand = self._made_by(name, "Expand")
             if expand is not None:
                 expanded[name] = expand.input[0]
-        return (equal.input[0], equal.input[1]), expanded, _ONE_HOT_TYPES[to]
+        return (equal.input[0], equal.input[1]), expanded, tensor_dtype(to, describe(cast))
 
     def _differentiated(self) -> set[str]:
         """The names a Gradient node of this graph differentiates with respect to."""
