@@ -114,6 +114,16 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 PAUSE, WARM, WARM_STEPS = 0.25, 0.1, 3
 
 
+def _settled(fn: Callable[[], Any], pause: float = PAUSE, warm: float = WARM) -> None:
+    """A pause of ``pause`` seconds, then untimed calls of ``fn`` for ``warm`` seconds (at
+    least one): what comes before each timed block (see _medians)."""
+    time.sleep(pause)
+    until = time.perf_counter() + warm
+    _timed(fn)
+    while time.perf_counter() < until:
+        _timed(fn)
+
+
 def _medians(
     fns: dict[str, Callable[[], Any]],
     rounds: int,
@@ -139,11 +149,7 @@ def _medians(
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(-(-rounds // block)):
         for name in random.sample(list(fns), len(fns)):
-            time.sleep(pause)
-            until = time.perf_counter() + warm
-            _timed(fns[name])
-            while time.perf_counter() < until:
-                _timed(fns[name])
+            _settled(fns[name], pause, warm)
             times[name] += [_timed(fns[name])[1] for _ in range(block)]
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -375,11 +381,7 @@ def versus_ort_training(
             # Each block after a pause and untimed steps, as in _medians: the other
             # runtime's threads may still spin.
             def ours() -> list[float]:
-                time.sleep(PAUSE)
-                until = time.perf_counter() + WARM
-                _timed(lambda: session.step(ours_feeds))
-                while time.perf_counter() < until:
-                    _timed(lambda: session.step(ours_feeds))
+                _settled(lambda: session.step(ours_feeds))
                 return [_timed(lambda: session.step(ours_feeds))[1] for _ in range(block)]
 
             def ort() -> list[float]:
