@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import dataclasses
 import gc
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -1862,7 +1863,7 @@ class GraphFunction:
     @property
     def compilations(self) -> int:
         """How many times the graph has been compiled (once per input signature)."""
-        return sum(jitted._cache_size() for jitted, _ in self._compilations.values())
+        return sum(jitted.cache_size() for jitted, _ in self._compilations.values())
 
     def _compiled(self, fixed: dict[str, np.ndarray], layout: Layout) -> tuple[Any, list[Layout]]:
         """The jitted graph for a packing of the feeds and values of the inputs read as shapes.
@@ -1893,7 +1894,7 @@ class GraphFunction:
                 out_layout[:] = [packed]
                 return out_buffers, out_own, RunChecks.of(checks)
 
-            self._compilations[key] = (jit_graph(run), out_layout)
+            self._compilations[key] = (SizedJit(run), out_layout)
         return self._compilations[key]
 
 
@@ -1949,6 +1950,77 @@ def jit_graph(fn: Any, *, flat: bool = True, **kwargs: Any) -> Any:
     CPU_COMPILER_OPTIONS where JAX's default backend is the CPU."""
     options = CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
     return jax.jit(flattened(fn) if flat else fn, compiler_options=options, **kwargs)
+
+
+# XLA:CPU hands a loop of more than 512 KB read and written to a second thread (its
+# "cpu-parallel-task-assigner" pass); in a graph whose values are all small, waking that
+# thread costs more than it saves. A graph's run whose largest value (``largest_value``)
+# holds at most SMALL_GRAPH_BYTES is therefore compiled without that pass. Measured in
+# one process against the pass kept: PaddleOCR's classifier at batch 1 (largest value
+# 0.24 MB) took 0.82-0.84x the time, MTCNN onet (0.48 MB) 0.90x, rnet at batch 8 (0.62 MB)
+# 0.95x, rnet at batch 1 the same. Larger graphs ran slower without it: magika at batch 1
+# (2.5 MB) 1.29x, the CRNN (1.35 MB) 1.05x, the classifier at batch 8 (1.9 MB) 1.05x,
+# onet at batch 8 (3.9 MB) 1.12x.
+SMALL_GRAPH_BYTES = 1 << 20
+SMALL_GRAPH_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
+
+
+class SizedJit:
+    """A graph's run (``GraphFunction._compiled``'s ``run(buffers, own, p_buffers,
+    p_own)``) jitted as ``jit_graph`` does, and on the CPU compiled with
+    SMALL_GRAPH_OPTIONS added for each shape of its arguments where none of the values it
+    computes exceeds SMALL_GRAPH_BYTES. The choice reads the trace that the compilation
+    uses anyway (the two jitted functions share JAX's trace of ``fn``)."""
+
+    def __init__(self, fn: Any) -> None:
+        flat = flattened(fn)
+        self._default = jit_graph(flat, flat=False)
+        self._small = self._default
+        if jax.default_backend() == "cpu":
+            options = {**CPU_COMPILER_OPTIONS, **SMALL_GRAPH_OPTIONS}
+            self._small = jax.jit(flat, compiler_options=options)
+        self._chosen: dict[Any, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        return self._for(args)(*args)
+
+    def _for(self, args: tuple[Any, ...]) -> Any:
+        """The jitted function for these arguments (the packed ones' shapes are fixed: the
+        layout that keys this function holds them; the others', ``args[1]``, are not)."""
+        shapes = tuple(np.shape(leaf) for leaf in jax.tree.leaves(args[1]))
+        jitted = self._chosen.get(shapes)
+        if jitted is None:
+            jaxpr = self._default.trace(*args).jaxpr
+            jitted = self._small if largest_value(jaxpr) <= SMALL_GRAPH_BYTES else self._default
+            self._chosen[shapes] = jitted
+        return jitted
+
+    def trace(self, *args: Any) -> Any:
+        return self._default.trace(*args)
+
+    def lower(self, *args: Any) -> Any:
+        return self._for(args).lower(*args)
+
+    def cache_size(self) -> int:
+        """How many compilations its jitted functions hold."""
+        jitted = {id(j): j for j in (self._default, self._small)}
+        return sum(j._cache_size() for j in jitted.values())
+
+
+def largest_value(jaxpr: Any) -> int:
+    """The bytes of the largest value a (closed) jaxpr computes, its bodies' included."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    largest = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            dtype, shape = getattr(var.aval, "dtype", None), getattr(var.aval, "shape", None)
+            if shape is not None and isinstance(dtype, np.dtype):  # not a random key
+                largest = max(largest, math.prod(shape) * dtype.itemsize)
+        for param in eqn.params.values():
+            for body in param if isinstance(param, list | tuple) else [param]:
+                if hasattr(body, "eqns") or hasattr(getattr(body, "jaxpr", None), "eqns"):
+                    largest = max(largest, largest_value(body))
+    return largest
 
 
 def flattened(fn: Any) -> Any:
