@@ -42,6 +42,11 @@ def test_largest_value_reads_loop_bodies() -> None:
     assert graph.largest_value(jaxpr) == 1024 * 512 * 4
     flat = jax.make_jaxpr(lambda x: (x * 2).astype(jnp.int8))(jnp.zeros((10, 7), jnp.float32))
     assert graph.largest_value(flat) == 10 * 7 * 4
+    # inputs do not count (a model's weights), random keys do
+    summed = jax.make_jaxpr(jnp.sum)(jnp.zeros((1000, 300), jnp.float32))
+    assert graph.largest_value(summed) == 4
+    keys = jax.make_jaxpr(lambda: jax.random.split(jax.random.key(0), 5000))()
+    assert graph.largest_value(keys) == 5000 * jax.random.key(0).dtype.itemsize
 
 
 @cpu_only
@@ -80,3 +85,26 @@ def test_a_run_is_compiled_by_the_size_of_its_values(rows: int, small: bool) -> 
     assert list(sized._chosen.values()) == [expected]
     assert sized._small is not sized._default
     assert rep.graph.compilations == 1
+
+
+@cpu_only
+def test_the_choice_is_made_for_each_shape_of_the_feeds() -> None:
+    """A graph of small values at one batch and large ones at another: each shape of the
+    feed is compiled as its own size calls for, and a shape seen again keeps its choice."""
+    shape = ["N", 512]
+    node = helper.make_node("Relu", ["x"], ["y"])
+    g = helper.make_graph(
+        [node],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    rng = np.random.default_rng(1)
+    for rows in (1024, 256, 1024):
+        x = rng.standard_normal((rows, 512)).astype(np.float32)
+        np.testing.assert_array_equal(rep.run([x])[0], np.maximum(x, 0))
+    ((sized, _),) = rep.graph._compilations.values()
+    chosen = {key[1][0][0]: jitted for key, jitted in sized._chosen.items()}
+    assert chosen == {(1024, 512): sized._default, (256, 512): sized._small}
+    assert rep.graph.compilations == 2

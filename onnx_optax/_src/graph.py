@@ -1986,13 +1986,17 @@ class SizedJit:
 
     def _for(self, args: tuple[Any, ...]) -> Any:
         """The jitted function for these arguments (the packed ones' shapes are fixed: the
-        layout that keys this function holds them; the others', ``args[1]``, are not)."""
-        shapes = tuple(np.shape(leaf) for leaf in jax.tree.leaves(args[1]))
-        jitted = self._chosen.get(shapes)
+        layout that keys this function holds them; the others', ``args[1]``, are not: the
+        choice is made once for each of their structures, shapes and dtypes)."""
+        if self._small is self._default:
+            return self._default
+        leaves, tree = jax.tree.flatten(args[1])
+        key = (tree, tuple((np.shape(leaf), getattr(leaf, "dtype", None)) for leaf in leaves))
+        jitted = self._chosen.get(key)
         if jitted is None:
             jaxpr = self._default.trace(*args).jaxpr
             jitted = self._small if largest_value(jaxpr) <= SMALL_GRAPH_BYTES else self._default
-            self._chosen[shapes] = jitted
+            self._chosen[key] = jitted
         return jitted
 
     def trace(self, *args: Any) -> Any:
@@ -2008,14 +2012,19 @@ class SizedJit:
 
 
 def largest_value(jaxpr: Any) -> int:
-    """The bytes of the largest value a (closed) jaxpr computes, its bodies' included."""
+    """The bytes of the largest value a (closed) jaxpr computes, its bodies' included (not
+    its inputs: a model's weights are read by its products, not by the loops that XLA
+    partitions)."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+
+    def size(var: Any) -> int:
+        shape = getattr(var.aval, "shape", None)
+        itemsize = getattr(getattr(var.aval, "dtype", None), "itemsize", None)
+        return math.prod(shape) * itemsize if shape is not None and itemsize else 0
+
     largest = 0
     for eqn in jaxpr.eqns:
-        for var in eqn.outvars:
-            dtype, shape = getattr(var.aval, "dtype", None), getattr(var.aval, "shape", None)
-            if shape is not None and isinstance(dtype, np.dtype):  # not a random key
-                largest = max(largest, math.prod(shape) * dtype.itemsize)
+        largest = max([largest, *map(size, eqn.outvars)])
         for param in eqn.params.values():
             for body in param if isinstance(param, list | tuple) else [param]:
                 if hasattr(body, "eqns") or hasattr(getattr(body, "jaxpr", None), "eqns"):
