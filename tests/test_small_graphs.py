@@ -62,7 +62,8 @@ def test_the_small_graph_options_turn_the_loop_partitioning_off() -> None:
     assert not _partitions(compiled({**graph.CPU_COMPILER_OPTIONS, **graph.SMALL_GRAPH_OPTIONS}))
 
 
-def _relu(rows: int) -> object:
+def _relu(rows: int | str) -> object:
+    """Relu on [rows, 512] (``rows`` a name: any number of rows)."""
     shape = [rows, 512]
     node = helper.make_node("Relu", ["x"], ["y"])
     g = helper.make_graph(
@@ -91,15 +92,7 @@ def test_a_run_is_compiled_by_the_size_of_its_values(rows: int, small: bool) -> 
 def test_the_choice_is_made_for_each_shape_of_the_feeds() -> None:
     """A graph of small values at one batch and large ones at another: each shape of the
     feed is compiled as its own size calls for, and a shape seen again keeps its choice."""
-    shape = ["N", 512]
-    node = helper.make_node("Relu", ["x"], ["y"])
-    g = helper.make_graph(
-        [node],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-    )
-    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    rep = backend.prepare(_relu("N"))
     rng = np.random.default_rng(1)
     for rows in (1024, 256, 1024):
         x = rng.standard_normal((rows, 512)).astype(np.float32)
