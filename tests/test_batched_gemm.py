@@ -126,3 +126,38 @@ def test_a_member_that_cannot_be_stacked_names_its_own_node() -> None:
     ragged = RNG.normal(size=(STEPS, BATCH, IN + 1)).astype(np.float32)
     with pytest.raises(ValueError, match=r"Gemm.*inner dimensions are 5 and 4"):
         rep.run({"X": ragged})
+
+
+def test_a_stacked_product_reads_its_transposed_weight_computed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """W, read with transB=1, is transposed once per device with the constants (here
+    however small it is) and the stacked product reads that; values as onnxruntime's."""
+    import onnx_optax._src.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "HOISTED_BYTES", 0)
+    model = _unrolled()
+    x = RNG.normal(size=(STEPS, BATCH, IN)).astype(np.float32)
+    rep = backend.prepare(model)
+    got = rep.run({"X": x})
+    (name,) = rep.graph._transposed.values()
+    ((_, constants),) = rep.graph._device_constants.items()
+    np.testing.assert_array_equal(np.asarray(constants[name]), W.T)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for ours, theirs in zip(got, session.run(None, {"X": x}), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_with_the_constants_computed_ahead_equal_jax_by_hand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transpose of W computed ahead would be a constant to the Gradient (dW 0): the
+    Gradient's own stacked product reads W."""
+    import onnx_optax._src.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "HOISTED_BYTES", 0)
+    rep = backend.prepare(_unrolled(gradient=True))
+    x = RNG.normal(size=(STEPS, BATCH, IN)).astype(np.float32)
+    _, _, dw, _ = rep.run({"X": x})
+    want_dw = jax.grad(_by_hand)(W, R, x)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-4, atol=1e-5)

@@ -746,6 +746,12 @@ class _BatchedGemmStep(_Step):
     a sum of one a node (the CRNN's training step: 80 products of 6.5 MB summed).
     Where the stacked product cannot be made as it is (A's of other ranks, dtypes or
     widths, a C of rows, values known while tracing) or refuses, each node runs itself.
+
+    ``transposed``: the name under which a run's values hold B transposed, where B is an
+    initializer read with transB=1 (``GraphFunction._transposed_weights``): the product
+    then reads that as it lies. YNNPACK packs a transposed weight for each product, and
+    more slowly (the CRNN's [20, 4096] by [400, 4096]: 273 against 197 µs alone); a run
+    computes it once per device, with the constants.
     """
 
     def __init__(self, members: Sequence[_StandardStep]) -> None:
@@ -755,11 +761,16 @@ class _BatchedGemmStep(_Step):
         self.inputs = tuple(name for step in members for name in step.inputs)
         self.outputs = tuple(name for step in members for name in step.outputs)
         self.work = sum(step.work for step in members)
+        self.transposed: str | None = None
 
     def run(self, env: Env) -> None:
         first = self.members[0]
         a = [materialize(env[step.inputs[0]]) for step in self.members]
         rest = [materialize(env[name]) if name else None for name in first.inputs[1:]]
+        info = first.info
+        if self.transposed is not None and self.transposed in env:
+            rest[0] = env[self.transposed]
+            info = dataclasses.replace(info, attrs={**info.attrs, "transB": 0})
         c = rest[1] if len(rest) > 1 else None
         stackable = (
             not any(map(is_static, a))
@@ -769,7 +780,7 @@ class _BatchedGemmStep(_Step):
         )
         if stackable:
             try:
-                y = first.op.fn(first.info, jnp.concatenate(a, axis=0), *rest)
+                y = first.op.fn(info, jnp.concatenate(a, axis=0), *rest)
             except (TypeError, ValueError):  # each node then says what it refuses
                 stackable = False
         if not stackable:
@@ -1189,6 +1200,7 @@ class GraphFunction:
         # The rest is data, passed to the compiled graph (checked on the first run).
         self.params = {name: v for name, v in values.items() if name not in self.static}
         self._constant_steps, self._run_schedule = self._split_constants()
+        self._transposed = self._transposed_weights()
         # What ``_constants`` computed: on the host (once), on each device.
         self._host_constants: dict[str, Any] = {}
         self._device_constants: dict[Any, dict[str, jax.Array]] = {}
@@ -1248,6 +1260,25 @@ class GraphFunction:
                 rest.append(step)
         return constant, rest
 
+    def _transposed_weights(self) -> dict[str, str]:
+        """The initializers that a stacked Gemm reads transposed (transB=1), each with the
+        name its transpose goes by among a run's values; ``_constants`` computes them, and
+        each :class:`_BatchedGemmStep` that reads one is told its name.
+
+        Not a weight that a Gradient node differentiates with respect to (its transpose
+        would be a constant there), nor where the name is taken.
+        """
+        taken = {*self.params, *self.static, *self._producer, *self.input_names}
+        differentiated = self._differentiated()
+        found: dict[str, str] = {}
+        for step in self.schedule:
+            if isinstance(step, _BatchedGemmStep) and step.members[0].info.attrs.get("transB"):
+                b = step.members[0].inputs[1]
+                name = f"{b}\x00transposed"
+                if b in self.params and b not in differentiated and name not in taken:
+                    step.transposed = found[b] = name
+        return found
+
     def _constants(self, device: jax.Device | None) -> dict[str, Any]:
         """The values of ``_constant_steps``'s outputs that the other steps or the graph's
         outputs read, computed once per device (see ``_constants_function``)."""
@@ -1272,7 +1303,7 @@ class GraphFunction:
         then put back in the graph's schedule (a second compilation would cost more
         than computing them on each run).
         """
-        if self._constants_jit is not None or not self._constant_steps:
+        if self._constants_jit is not None or not (self._constant_steps or self._transposed):
             return self._constants_jit
         produced = {name for step in self._constant_steps for name in step.outputs if name}
         constant_ids = {id(step) for step in self._constant_steps}
@@ -1298,6 +1329,8 @@ class GraphFunction:
                     self._host_constants[name] = value
                 else:
                     traced[name] = value
+            for name, transposed in self._transposed.items():
+                traced[transposed] = jnp.transpose(materialize(env[name]))
             return traced, RunChecks.of(checks)
 
         shapes = jax.eval_shape(compute, *self._params_layout()[1:])[0]
