@@ -751,7 +751,7 @@ class _BatchedGemmStep(_Step):
     initializer read with transB=1 (``GraphFunction._transposed_weights``): the product
     then reads that as it lies. YNNPACK packs a transposed weight for each product, and
     more slowly (the CRNN's [20, 4096] by [400, 4096]: 273 against 197 µs alone); a run
-    computes it once per device, with the constants.
+    computes it once per device, with the constants, and the device then holds B twice.
     """
 
     def __init__(self, members: Sequence[_StandardStep]) -> None:
