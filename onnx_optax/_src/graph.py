@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import gc
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -1268,15 +1269,23 @@ class GraphFunction:
         Not a weight that a Gradient node differentiates with respect to (its transpose
         would be a constant there), nor where the name is taken.
         """
+        readers = [
+            step
+            for step in self.schedule
+            if isinstance(step, _BatchedGemmStep)
+            and step.members[0].info.attrs.get("transB")
+            and step.members[0].inputs[1] in self.params
+            and step.members[0].inputs[1] not in self._differentiated
+        ]
+        if not readers:  # most graphs: no set of names built
+            return {}
         taken = {*self.params, *self.static, *self._producer, *self.input_names}
-        differentiated = self._differentiated()
         found: dict[str, str] = {}
-        for step in self.schedule:
-            if isinstance(step, _BatchedGemmStep) and step.members[0].info.attrs.get("transB"):
-                b = step.members[0].inputs[1]
-                name = f"{b}\x00transposed"
-                if b in self.params and b not in differentiated and name not in taken:
-                    step.transposed = found[b] = name
+        for step in readers:
+            b = step.members[0].inputs[1]
+            name = f"{b}\x00transposed"
+            if name not in taken:
+                step.transposed = found[b] = name
         return found
 
     def _constants(self, device: jax.Device | None) -> dict[str, Any]:
@@ -1478,7 +1487,7 @@ class GraphFunction:
         equal = self._made_by(cast.input[0], "Equal")
         if equal is None or len(equal.input) != 2 or equal.attribute:
             return None
-        if node.input[0] in self._differentiated():
+        if node.input[0] in self._differentiated:
             return None
         expanded = {}
         for name in equal.input:
@@ -1487,8 +1496,10 @@ class GraphFunction:
                 expanded[name] = expand.input[0]
         return (equal.input[0], equal.input[1]), expanded, tensor_dtype(to, describe(cast))
 
-    def _differentiated(self) -> set[str]:
-        """The names a Gradient node of this graph differentiates with respect to."""
+    @functools.cached_property
+    def _differentiated(self) -> frozenset[str]:
+        """The names a Gradient node of this graph differentiates with respect to (its
+        nodes do not change: read once)."""
         names: set[str] = set()
         for node in self._nodes:
             if node.op_type == GRADIENT:
@@ -1496,7 +1507,7 @@ class GraphFunction:
                     names |= _gradient_names(node)[1]
                 except ValueError:  # its own step says what is wrong
                     continue
-        return names
+        return frozenset(names)
 
     def _batched(self, steps: list[_Step]) -> list[_Step]:
         """``steps`` (in an order that runs) with each set of Gemm nodes that can be one
