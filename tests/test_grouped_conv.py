@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 import jax
@@ -196,6 +197,26 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
         node = _node(xs, ws, {"group": 1})
         hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
         assert ("convolution" in hlo) == native, (xs, ws)
+
+
+def test_stacked_taps_are_written_once_at_batch_above_one() -> None:
+    """The taps' stack is built in the order its product reads it: the compiled CPU run
+    holds one value of the stack's size, not the stack and a copy that moves the batch
+    axis inside (taps copied one by one, past STACKED_IN_ONE)."""
+    xs, ws = (4, 8, 30, 30), (16, 8, 3, 3)
+    assert 9 * math.prod(xs) > conv.STACKED_IN_ONE
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
+    node = _node(xs, ws, {"pads": [1, 1, 1, 1]})
+    text = jax.jit(lambda x, w: conv._conv(node, x, w)).lower(x, w).compile().as_text()
+    entry = text[text.index("\nENTRY") :]  # the run's own values, not the fused bodies'
+    stacks = [
+        line
+        for line in entry.splitlines()
+        if (shape := re.match(r"\s*(?:ROOT )?%\S+ = f32\[([\d,]+)\]\S* (\S+?)\(", line))
+        and math.prod(int(d) for d in shape.group(1).split(",")) == 9 * math.prod(xs)
+        and shape.group(2) != "bitcast"
+    ]
+    assert len(stacks) == 1, stacks
 
 
 def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
