@@ -440,7 +440,8 @@ FUSED_OPERANDS = 8
 
 
 def _stacked(windows: list[Any], kernel: Sequence[int], axis: int) -> Any:
-    """The taps' windows stacked on a new ``axis`` (1, 2 or -1), in their order."""
+    """The taps' windows stacked on a new ``axis`` (1: after X's channels, in windows
+    of X laid out (C, N, ...); or -1), in their order."""
     if len(windows) == 1:
         return windows[0]
     inner = kernel[-1]
@@ -455,7 +456,7 @@ def _stacked(windows: list[Any], kernel: Sequence[int], axis: int) -> Any:
     if axis == -1:  # (..., C, taps): each row's taps innermost, then the rows before them
         stacked = jnp.stack(rows, axis=-2)
         return stacked.reshape((*stacked.shape[:-2], len(windows)))
-    stacked = jnp.stack(rows, axis=axis)  # (N, C, rows, inner, ...)
+    stacked = jnp.stack(rows, axis=axis)  # (C, rows, inner, N, ...)
     return stacked.reshape((*stacked.shape[:axis], len(windows), *stacked.shape[axis + 2 :]))
 
 
