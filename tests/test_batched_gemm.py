@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from onnx_optax import backend
+from onnx_optax._src import graph as graph_module
 from onnx_optax._src.graph import _BatchedGemmStep
 
 onnx = pytest.importorskip("onnx")
@@ -128,14 +129,16 @@ def test_a_member_that_cannot_be_stacked_names_its_own_node() -> None:
         rep.run({"X": ragged})
 
 
-def test_a_stacked_product_reads_its_transposed_weight_computed_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def constants_computed_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every constant computed once per device ahead of the runs, however small."""
+    monkeypatch.setattr(graph_module, "HOISTED_BYTES", 0)
+
+
+@pytest.mark.usefixtures("constants_computed_ahead")
+def test_a_stacked_product_reads_its_transposed_weight_computed_once() -> None:
     """W, read with transB=1, is transposed once per device with the constants (here
     however small it is) and the stacked product reads that; values as onnxruntime's."""
-    import onnx_optax._src.graph as graph_module
-
-    monkeypatch.setattr(graph_module, "HOISTED_BYTES", 0)
     model = _unrolled()
     x = RNG.normal(size=(STEPS, BATCH, IN)).astype(np.float32)
     rep = backend.prepare(model)
@@ -148,14 +151,10 @@ def test_a_stacked_product_reads_its_transposed_weight_computed_once(
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_gradients_with_the_constants_computed_ahead_equal_jax_by_hand(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.usefixtures("constants_computed_ahead")
+def test_gradients_with_the_constants_computed_ahead_equal_jax_by_hand() -> None:
     """A transpose of W computed ahead would be a constant to the Gradient (dW 0): the
     Gradient's own stacked product reads W."""
-    import onnx_optax._src.graph as graph_module
-
-    monkeypatch.setattr(graph_module, "HOISTED_BYTES", 0)
     rep = backend.prepare(_unrolled(gradient=True))
     x = RNG.normal(size=(STEPS, BATCH, IN)).astype(np.float32)
     _, _, dw, _ = rep.run({"X": x})
