@@ -430,6 +430,25 @@ def test_roi_align_refusals_name_the_node() -> None:
     refused(node_model("RoiAlign", huge), huge, "set sampling_ratio")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("ratio", [0, 2])
+@pytest.mark.parametrize("known", [False, True])
+def test_roi_align_refuses_rois_that_are_not_finite(bad: float, ratio: int, known: bool) -> None:
+    """onnxruntime: "All 'rois' values must be finite"; a NaN or infinite corner was a result
+    of NaN (issue 33), fed or a Constant, with or without sampling_ratio."""
+    ort = pytest.importorskip("onnxruntime")
+    feeds = {**roi_feeds(), "batch": np.array([0, 1, 1, 0, 1], np.int64)}
+    feeds["rois"][3, 2] = bad
+    inits = {}
+    if known:
+        inits = {"rois": feeds.pop("rois"), "batch": feeds.pop("batch")}
+    model = node_model("RoiAlign", feeds, inits, opset=16, sampling_ratio=ratio)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="must be finite"):
+        session.run(None, feeds)
+    refused(model, feeds, f"rois hold {bad}, not finite")
+
+
 # ----------------------------------------------------------------------------- training
 
 

@@ -18,7 +18,14 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import _canonical, _ints, _same_dtype, check_at_run, check_size
+from onnx_optax._src.ops.arrays import (
+    _canonical,
+    _ints,
+    _same_dtype,
+    _xp,
+    check_at_run,
+    check_size,
+)
 from onnx_optax._src.ops.conv import _attr_ints, _bias_check, _group, _kernel_of, _spans
 from onnx_optax._src.ops.image import _work_dtype, grid_taps, sample_taps
 from onnx_optax._src.ops.registry import Node, register
@@ -325,13 +332,15 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
         raise ValueError(f"{node.where}: X of shape {list(x.shape)} has no pixels to sample")
     dtype = _canonical(x.dtype)
     check_size(node, [r, c, out_h, out_w], dtype)
-    if r == 0 or c == 0:
-        return jnp.zeros((r, c, out_h, out_w), dtype)
     check_at_run(
         f"{node.where}: batch_indices hold {{}}, outside [0, {n})",
         (batch_indices < 0) | (batch_indices >= n),
         batch_indices,
     )
+    # onnxruntime: "All 'rois' values must be finite"
+    check_at_run(f"{node.where}: rois hold {{}}, not finite", ~_xp(rois).isfinite(rois), rois)
+    if r == 0 or c == 0:
+        return jnp.zeros((r, c, out_h, out_w), dtype)
     work = _work_dtype(x.dtype)
     xp = np if isinstance(rois, np.ndarray) else jnp
     box = xp.asarray(rois).astype(work) * work.type(scale) - work.type(0.5 if half_pixel else 0)
@@ -349,8 +358,6 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
         grid = xp.ceil(length / bins)
         # the points per bin are set by the rois: known ones give the most any needs, traced
         # ones get room for a roi as large as X, a larger one is refused after the run
-        if xp is np and not np.all(np.isfinite(grid)):
-            raise ValueError(f"{node.where}: rois {np.asarray(rois).tolist()} are not finite")
         bound = int(np.max(grid)) if xp is np else -(-size // bins)
         most.append(max(bound, 1))
         check_at_run(
