@@ -3,7 +3,10 @@
 Models come from strangers. A model given as a path, as bytes or as a
 ``ModelProto`` is checked against :class:`Limits` before anything large is
 allocated; every name and string in it must be UTF-8 (protobuf hands back
-bytes otherwise, which would surface as opaque errors far away). Its external
+bytes otherwise, which would surface as opaque errors far away); an opset of
+an onnx domain (ai.onnx, ai.onnx.ml, ai.onnx.preview.training), imported by
+the model or one of its functions, must be one the installed onnx defines
+(onnxruntime refuses newer ones too). Its external
 data (in the main graph, in every ``training_info`` graph, in ``Constant`` and
 other tensor attributes, in subgraphs and functions) is read only from inside
 the model's folder: an absolute location, a ``..`` or a symbolic link that
@@ -22,6 +25,7 @@ the loaded model, its file never opened.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -176,6 +180,33 @@ def _too_many_nodes(count: int, limits: Limits) -> ValueError:
     )
 
 
+@functools.cache
+def _newest_opsets() -> dict[str, int]:
+    """The newest version the installed onnx defines of each of its domains ('' for ai.onnx)."""
+    newest = {"": onnx.defs.onnx_opset_version(), "ai.onnx.ml": onnx.defs.onnx_ml_opset_version()}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        newest[schema.domain] = max(newest.get(schema.domain, 0), schema.since_version)
+    return newest
+
+
+def _check_opsets(where: str, opsets: Iterable[onnx.OperatorSetIdProto]) -> None:
+    """Refuses an import of an onnx domain at a version the installed onnx does not define
+    (onnxruntime refuses it too); custom domains are not judged here."""
+    newest = _newest_opsets()
+    for opset in opsets:
+        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        if domain in newest and opset.version > newest[domain]:
+            top, installed = newest[domain], f"the installed onnx {onnx.__version__}"
+            defined = (
+                f"only version 1 exists in {installed}"
+                if top == 1
+                else f"{installed} defines versions 1 to {top}"
+            )
+            raise ValueError(
+                f"{where} imports '{opset.domain or 'ai.onnx'}' opset {opset.version}; {defined}"
+            )
+
+
 def _check_model(model: onnx.ModelProto, limits: Limits) -> None:
     """Limits first (the top-level graphs are counted before anything is walked), then text."""
     top = len(model.graph.node) + sum(
@@ -196,6 +227,9 @@ def _check_model(model: onnx.ModelProto, limits: Limits) -> None:
         for index, node in enumerate(function.node):
             check_node_text(node, f"{where} node {index}")
     _text("the model", "an opset domain", [o.domain for o in model.opset_import])
+    _check_opsets("the model", model.opset_import)
+    for function in model.functions:
+        _check_opsets(f"function '{function.name}'", function.opset_import)
     _text(
         "the model",
         "a metadata key or value",
