@@ -341,19 +341,37 @@ def test_array_feature_extractor_stored_index_out_of_range() -> None:
         [("Z", F32)],
         initializers=[index],
     )
-    with pytest.raises(ValueError, match=r"node 'n' .*index 5 of Y is out of range .*size 3"):
+    with pytest.raises(ValueError, match=r"node 'n' .*input Y holds 5, outside \[0, 3\)"):
         backend.prepare(model).run({"X": np.ones((2, 3), np.float32)})
 
 
-def test_array_feature_extractor_fed_index_out_of_range_selects_nan() -> None:
-    """XLA cannot raise on a value: an index out of range (or negative) selects NaN."""
-    model = node_model(
+def afe_model() -> onnx.ModelProto:
+    return node_model(
         ml_node("ArrayFeatureExtractor", ["X", "I"], ["Z"]),
         [("X", F32), ("I", I64, 1)],
         [("Z", F32)],
     )
-    out = backend.prepare(model).run({"X": np.ones((2, 3), np.float32), "I": np.array([1, 3, -1])})
-    np.testing.assert_array_equal(out.Z, [[1, np.nan, np.nan]] * 2)
+
+
+@pytest.mark.parametrize("index", [[1, 3], [-1, 0]], ids=["past_the_end", "negative"])
+def test_array_feature_extractor_fed_index_out_of_range_fails_after_the_run(
+    index: list[int],
+) -> None:
+    """As onnxruntime ("index is out of range"): an error naming the node, never NaN."""
+    feeds = {"X": np.ones((2, 3), np.float32), "I": np.array(index, np.int64)}
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match="out of range"):
+        onnxruntime_outputs(afe_model(), feeds)
+    bad = index[1] if index[1] == 3 else index[0]
+    with pytest.raises(ValueError, match=rf"node 'n' .*Y holds {bad}, outside \[0, 3\)"):
+        backend.prepare(afe_model()).run(feeds)
+
+
+def test_array_feature_extractor_of_no_index_is_refused() -> None:
+    feeds = {"X": np.ones((2, 3), np.float32), "I": np.zeros(0, np.int64)}
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match="num_indices"):
+        onnxruntime_outputs(afe_model(), feeds)
+    with pytest.raises(ValueError, match=r"node 'n' .*input Y is empty"):
+        backend.prepare(afe_model()).run(feeds)
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -45,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
-from onnx_optax._src.ops.arrays import check_size, is_static
+from onnx_optax._src.ops.arrays import check_at_run, check_size, is_static
 from onnx_optax._src.ops.registry import Node, register
 
 ML_DOMAIN = "ai.onnx.ml"
@@ -155,29 +155,28 @@ def _post_transform(scores: Any, transform: str) -> Any:
 def _array_feature_extractor(node: Node, x: Any, indices: Any) -> Any:
     """``X[..., Y]`` with Y flattened; a vector X gives one row ``[1, len(Y)]``.
 
-    Indices known when the graph is compiled are checked (0 <= Y < X.shape[-1]);
-    an index out of range that only the run reveals selects NaN (float X) or
-    the lowest integer (integer X): XLA cannot raise.
+    As onnxruntime, each index must lie in ``[0, X.shape[-1])`` and Y must hold
+    one at least: indices known when the graph is compiled are checked then,
+    the others after the run (an error naming the node, never a NaN).
     """
     _check_dtype(node, x, "X", _FEATURES)
     if not np.issubdtype(np.dtype(indices.dtype), np.integer):
         raise TypeError(f"{node.where}: input Y has dtype {indices.dtype}; it must be int64")
     if np.ndim(x) == 0:
         raise ValueError(f"{node.where}: input X is a scalar; it must have at least one axis")
+    if not np.size(indices):
+        raise ValueError(f"{node.where}: input Y is empty; it must hold one index at least")
     width = x.shape[-1]
     flat = indices.reshape(-1)
     shape = (1, flat.size) if np.ndim(x) == 1 else (*x.shape[:-1], flat.size)
-    if is_static(indices):
-        outside = flat[(flat < 0) | (flat >= width)]
-        if outside.size:
-            raise ValueError(
-                f"{node.where}: index {int(outside[0])} of Y is out of range for the last axis "
-                f"of X (size {width})"
-            )
-        if is_static(x):
-            return np.take(x, flat, axis=-1).reshape(shape)
-    flat = jnp.where(flat < 0, width, flat)  # negative: out of range too (take would wrap)
-    return jnp.take(jnp.asarray(x), flat, axis=-1, mode="fill").reshape(shape)
+    check_at_run(
+        f"{node.where}: input Y holds {{}}, outside [0, {width}) (the last axis of X)",
+        (flat < 0) | (flat >= width),
+        flat,
+    )
+    if is_static(indices) and is_static(x):
+        return np.take(x, flat, axis=-1).reshape(shape)
+    return jnp.take(jnp.asarray(x), flat, axis=-1, mode="clip").reshape(shape)
 
 
 def _scaler_check(node: Node) -> None:
@@ -547,8 +546,6 @@ def _one_hot_encoder(node: Node, x: Any) -> Any:
     A float X is compared after truncation to int64 (as onnxruntime). With
     ``zeros=0`` a value in no category is an error, raised after the run.
     """
-    from onnx_optax._src.ops.arrays import check_at_run
-
     cats = _one_hot_categories(node)
     _check_dtype(node, x, "X", _FEATURES)
     refuse_narrowing(f"{node.where}: cats_int64s", cats)
