@@ -844,3 +844,52 @@ def test_constants_folded_while_tracing_compute_without_a_warning(case: str) -> 
     if op not in ("Cast", "ReduceMean"):
         (want,) = _onnxruntime(model, {})
         np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------- issue 33
+# A value onnxruntime's kernels refuse (an index read from data, a non-finite value, an
+# attribute that disagrees with a shape) is a ValueError naming the node here too, fed
+# (checked after the run) or a Constant (checked while tracing); each case was a result on
+# cd8dbc1. One node "n" whose inputs are i0, i1, ...; the message regexes follow the node's.
+
+REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, str]] = {
+    "Pad crops more than the axis": (
+        "Pad",
+        [np.zeros((2, 3), np.float32), np.array([0, -5, 0, 0], np.int64)],
+        {},
+        21,
+        r"pads \[0, -5, 0, 0\] leave axis 1 of size 3 with -2",
+    ),
+    "Upsample scale below 1": (
+        "Upsample",
+        [np.zeros((2, 3), np.float32), np.array([1, 0.5], np.float32)],
+        {},
+        9,
+        r"scales \[1.0, 0.5\]: Upsample needs each at least 1",
+    ),
+}
+
+
+def _one_node(
+    op: str, inputs: list[Any], attributes: dict[str, Any], opset: int, fed: bool
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``op`` named "n" on ``inputs`` (None: an absent input), fed or Constants."""
+    names = ["" if v is None else f"i{k}" for k, v in enumerate(inputs)]
+    given = {name: v for name, v in zip(names, inputs, strict=True) if name}
+    nodes = [] if fed else [_constant(name, v) for name, v in given.items()]
+    node = helper.make_node(op, names, ["y"], name="n", **attributes)
+    first = next(iter(given.values()))
+    output = _vi("y", helper.np_dtype_to_tensor_dtype(first.dtype), ["d"] * first.ndim)
+    feeds = given if fed else {}
+    vis = [_vi(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
+    return _model([*nodes, node], vis, [output], opset), feeds
+
+
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])
+@pytest.mark.parametrize("case", REFUSED_AS_BY_ONNXRUNTIME)
+def test_what_onnxruntime_refuses_is_a_value_error_naming_the_node(case: str, fed: bool) -> None:
+    op, inputs, attributes, opset, message = REFUSED_AS_BY_ONNXRUNTIME[case]
+    model, feeds = _one_node(op, inputs, attributes, opset, fed)
+    _refused_by_onnxruntime(model, feeds)
+    with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.{op}\): {message}"):
+        _ours(model, feeds)

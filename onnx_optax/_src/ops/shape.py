@@ -353,6 +353,12 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     widths = [[0, 0] for _ in range(rank)]
     for i, axis in enumerate(picked):
         widths[axis] = [amounts[i], amounts[i + len(picked)]]
+    for axis, (lo, hi) in enumerate(widths):
+        if x.shape[axis] + lo + hi < 0:  # onnxruntime: a negative output dimension
+            raise ValueError(
+                f"{node.where}: pads {amounts} leave axis {axis} of size {x.shape[axis]} with "
+                f"{x.shape[axis] + lo + hi}"
+            )
     # negative pads crop
     crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))
     x = x[crop]
@@ -715,6 +721,11 @@ def _upsample(node: Node, x: Any, scales: Any = None) -> Any:
         raise ValueError(
             f"{node.where}: scales must hold one factor per axis of X of shape "
             f"{list(np.shape(x))}, got {None if scales is None else np.asarray(scales).tolist()}"
+        )
+    factors = np.asarray(scales, np.float32).reshape(-1)
+    if not np.all(factors >= 1):  # onnxruntime: "Scale value should be greater than or equal to 1"
+        raise ValueError(
+            f"{node.where}: scales {factors.tolist()}: Upsample needs each at least 1 (and finite)"
         )
     as_resize = dataclasses.replace(node, attrs={**node.attrs, "mode": mode}, opset=10)
     return _resize(as_resize, x, np.asarray(scales, np.float32))
