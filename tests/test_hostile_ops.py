@@ -867,6 +867,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         9,
         r"scales \[1.0, 0.5\]: Upsample needs each at least 1",
     ),
+    "Resize to size 0": (
+        "Resize",
+        [np.zeros((1, 1, 4, 4), np.float32), None, None, np.array([1, 1, 0, 2], np.int64)],
+        {},
+        19,
+        r"sizes \[1, 1, 0, 2\] \(stretch\) give axis 2 of size 4 the scale 0.0",
+    ),
+    "Resize not_larger than size 0": (
+        "Resize",
+        [np.zeros((1, 1, 4, 4), np.float32), None, None, np.array([0, 2], np.int64)],
+        {"axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"},
+        19,
+        r"sizes \[0, 2\] \(not_larger\) give axis 2 of size 4 the scale 0.0",
+    ),
 }
 
 

@@ -118,6 +118,11 @@ def _plan(
             ratios = [one] * len(axes)
             wanted = [int(one * shape[a] + 0.5) for a in axes]
         for axis, s, r in zip(axes, wanted, ratios, strict=True):
+            if r <= 0 and shape[axis]:  # onnxruntime: "Scale value should be greater than 0"
+                raise ValueError(
+                    f"{node.where}: sizes {[int(v) for v in sizes.reshape(-1)]} ({policy}) give "
+                    f"axis {axis} of size {shape[axis]} the scale {r}; it must be positive"
+                )
             factors[axis], lengths[axis] = r, s
     regions = [(0.0, 1.0)] * rank
     if roi is not None:
