@@ -18,7 +18,16 @@ import optax
 import pytest
 
 import onnx_optax
-from tests.optimizers import INT32_MAX, NAMES, OPTIMIZERS, Optimizer
+from tests.finite_differences import central_difference
+from tests.optimizers import (
+    INT32_MAX,
+    NAMES,
+    OPTIMIZERS,
+    Optimizer,
+    f32,
+    keyed_rng,
+    random_state_tensor,
+)
 
 
 def _make(optimizer: Optimizer, learning_rate: Any = None, **kwargs: Any) -> Any:
@@ -299,3 +308,159 @@ def test_empty_and_scalar_leaves() -> None:
         assert updates["empty"].shape == (0, 3)
         assert updates["none"] is None
         assert updates["scalar"].shape == ()
+
+
+# ------------------------------------------------------------------ derivatives
+# jax.grad and jax.jvp of every op and transformation with respect to R, X, G and
+# each state tensor (V, H) equal float64 central differences of the oracle.
+# Attributes are drawn per case with every optional X term non-zero, so that X
+# enters every formula.
+
+_SHAPE = (2, 3)
+
+
+def _derivative_case(name: str, t: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    optimizer = OPTIMIZERS[name]
+    rng = keyed_rng("derivatives", name, t)
+    attributes = optimizer.draw_attributes(rng)
+    for optional in ("norm_coefficient", "norm_coefficient_post"):
+        if optional in attributes:
+            attributes[optional] = f32(rng.uniform(0.01, 0.1))
+    values = {
+        "R": np.float64(rng.uniform(0.05, 0.5)),
+        "X": rng.standard_normal(_SHAPE),
+        "G": rng.standard_normal(_SHAPE),
+    }
+    for state in optimizer.state_names:
+        # H away from 0, where sqrt's derivative is finite and smooth.
+        values[state.upper()] = random_state_tensor(rng, state, _SHAPE, np.float64) + (
+            0.5 if state == "h" else 0.0
+        )
+    return attributes, values
+
+
+def _oracle_outputs(
+    name: str, t: int, attributes: dict[str, Any], values: dict[str, np.ndarray]
+) -> tuple[np.ndarray, ...]:
+    """(X_new, *new state) of the float64 oracle."""
+    optimizer = OPTIMIZERS[name]
+    states = [values[s.upper()] for s in optimizer.state_names]
+    return optimizer.oracle(float(values["R"]), t, values["X"], values["G"], *states, **attributes)
+
+
+def _ours(name: str, t: int, attributes: dict[str, Any], face: str) -> Any:
+    """(X_new, *new state) as a JAX function of the values, through the op or the
+    transformation (whose update is X_new - X)."""
+    optimizer = OPTIMIZERS[name]
+    fields = optimizer.state_names
+
+    def op(values: dict[str, Any]) -> tuple[Any, ...]:
+        states = [values[s.upper()] for s in fields]
+        return tuple(optimizer.op(values["R"], t, values["X"], values["G"], *states, **attributes))
+
+    def transformation(values: dict[str, Any]) -> tuple[Any, ...]:
+        tx = optimizer.transform(values["R"], attributes)
+        state = optimizer.state(jnp.int32(t), [values[s.upper()] for s in fields])
+        updates, state = tx.update(values["G"], state, values["X"])
+        return (values["X"] + updates, *(getattr(state, s) for s in fields))
+
+    return op if face == "op" else transformation
+
+
+def _weights(outputs: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    return [rng.standard_normal(np.shape(o)) for o in outputs]
+
+
+@pytest.mark.parametrize("face", ["op", "transformation"])
+@pytest.mark.parametrize("t", [0, 3])
+@pytest.mark.parametrize("name", NAMES)
+def test_grad_equals_central_differences_of_the_oracle(name: str, t: int, face: str) -> None:
+    attributes, values = _derivative_case(name, t)
+    weights = _weights(_oracle_outputs(name, t, attributes, values))
+
+    def oracle_loss(point: dict[str, np.ndarray]) -> float:
+        outputs = _oracle_outputs(name, t, attributes, point)
+        return float(sum(np.sum(w * o) for w, o in zip(weights, outputs, strict=True)))
+
+    with jax.enable_x64(True):
+        ours = _ours(name, t, attributes, face)
+
+        def loss(point: dict[str, Any]) -> Any:
+            return sum(jnp.sum(w * o) for w, o in zip(weights, ours(point), strict=True))
+
+        grads = jax.grad(loss)({k: jnp.asarray(v) for k, v in values.items()})
+    for key, value in values.items():
+        value = np.asarray(value, np.float64)
+
+        def along(v: np.ndarray, key: str = key) -> float:
+            return oracle_loss({**values, key: v.reshape(np.shape(values[key]))})
+
+        expected = central_difference(along, value)
+        assert np.abs(expected).max() > 1e-3, key  # the derivative is not trivially zero
+        np.testing.assert_allclose(
+            np.asarray(grads[key]), expected, rtol=1e-6, atol=1e-8, err_msg=f"d/d{key}"
+        )
+
+
+@pytest.mark.parametrize("face", ["op", "transformation"])
+@pytest.mark.parametrize("name", NAMES)
+def test_jvp_equals_central_differences_of_the_oracle(name: str, face: str) -> None:
+    t = 3
+    attributes, values = _derivative_case(name, t)
+    rng = np.random.default_rng(12)
+    direction = {k: rng.standard_normal(np.shape(v)) for k, v in values.items()}
+    h = 1e-6
+    plus = _oracle_outputs(
+        name, t, attributes, {k: v + h * direction[k] for k, v in values.items()}
+    )
+    minus = _oracle_outputs(
+        name, t, attributes, {k: v - h * direction[k] for k, v in values.items()}
+    )
+    with jax.enable_x64(True):
+        ours = _ours(name, t, attributes, face)
+        point = {k: jnp.asarray(v) for k, v in values.items()}
+        tangent = {k: jnp.asarray(v) for k, v in direction.items()}
+        outputs, tangents = jax.jvp(ours, (point,), (tangent,))
+    for k, (out, p, m, got) in enumerate(zip(outputs, plus, minus, tangents, strict=True)):
+        np.testing.assert_allclose(np.asarray(out), _oracle_outputs(name, t, attributes, values)[k])
+        expected = (p - m) / (2 * h)
+        assert np.abs(expected).max() > 1e-3, k
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_grad_through_a_packed_state_and_two_updates(name: str) -> None:
+    """Learning-rate tuning by gradient: d(params after two updates)/dR, with the state
+    of small leaves packed into one buffer, equals the oracle's central difference."""
+    optimizer = OPTIMIZERS[name]
+    attributes, _ = _derivative_case(name, 1)
+    rng = np.random.default_rng(13)
+    params = {"a": rng.standard_normal(3), "b": rng.standard_normal((2, 2))}
+    grads = [{k: rng.standard_normal(np.shape(v)) for k, v in params.items()} for _ in range(2)]
+    t0 = optimizer.default_initial_count
+
+    def oracle_loss(r: np.ndarray) -> float:
+        total = 0.0
+        for key, x in params.items():
+            states = [np.zeros_like(x) for _ in optimizer.state_names]
+            for t, g in enumerate(grads, start=t0):
+                x, *states = optimizer.oracle(float(r[0]), t, x, g[key], *states, **attributes)
+            total += float(np.sum(x))
+        return total
+
+    with jax.enable_x64(True):
+
+        def loss(r: Any) -> Any:
+            tx = optimizer.transform(r, attributes, pack_leaves_below=100)
+            p = jax.tree.map(jnp.asarray, params)
+            state = tx.init(p)
+            for g in grads:
+                updates, state = tx.update(g, state, p)
+                p = optax.apply_updates(p, updates)
+            return sum(jnp.sum(leaf) for leaf in jax.tree.leaves(p))
+
+        got = jax.grad(loss)(jnp.float64(0.2))
+    expected = central_difference(oracle_loss, np.array([0.2]))
+    assert abs(expected[0]) > 1e-3
+    np.testing.assert_allclose(float(got), expected[0], rtol=1e-6)

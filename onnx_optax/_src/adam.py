@@ -58,7 +58,15 @@ class _Scalars(NamedTuple):
 
 def _scalars(a: AdamAttributes, R: jax.Array, T: jax.Array, dtype: DTypeLike) -> _Scalars:
     alpha, beta = cast(a.alpha, dtype), cast(a.beta, dtype)
-    corrected = R * jnp.sqrt(one_minus_power(beta, T)) / one_minus_power(alpha, T)
+    # At T = 0 the bias correction is 0 / 0; it is computed from ones there, so that
+    # the branch jnp.where leaves out has a finite derivative (0 * NaN would be NaN).
+    first = T <= 0
+    one = jnp.ones_like(alpha)
+    corrected = (
+        R
+        * jnp.sqrt(jnp.where(first, one, one_minus_power(beta, T)))
+        / jnp.where(first, one, one_minus_power(alpha, T))
+    )
     return _Scalars(
         alpha=alpha,
         beta=beta,

@@ -194,6 +194,7 @@ def run_time_zero(T: jax.Array, dtype: Any) -> jax.Array:
     return (T < 0).astype(jnp.int64 if jnp.dtype(dtype).itemsize == 8 else jnp.int32)
 
 
+@jax.custom_jvp
 def rounded(product: jax.Array, zero: jax.Array) -> jax.Array:
     """``product`` rounded on its own, never fused into an FMA by the sum that reads it.
 
@@ -212,6 +213,21 @@ def rounded(product: jax.Array, zero: jax.Array) -> jax.Array:
     """
     bits = jax.lax.bitcast_convert_type(product, zero.dtype)
     return jax.lax.bitcast_convert_type(bits | zero, product.dtype)
+
+
+@rounded.defjvp
+def _rounded_jvp(
+    primals: tuple[jax.Array, jax.Array], tangents: tuple[jax.Array, Any]
+) -> tuple[jax.Array, jax.Array]:
+    """``rounded`` is the identity on ``product``, so its derivative is too.
+
+    An integer carries no tangent, so without this rule the bitcast round trip
+    would differentiate to zero (``jax.grad`` of every update with respect to G,
+    R, V or H would silently be 0). The primal is the same rounded value, so the
+    rule changes no bit of the update.
+    """
+    product, zero = primals
+    return rounded(product, zero), tangents[0]
 
 
 # --------------------------------------------------------------------------
