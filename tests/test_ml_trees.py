@@ -569,6 +569,56 @@ def test_tfidf_vectorizer_refusals() -> None:
         backend.prepare(_tfidf(TOKENS, mode="TF", ngram_counts=[0, 3, 10]))
 
 
+TFIDF_REFUSED = {
+    # onnxruntime: "max_gram_length must be inbounds of ngram_counts: 4 <= 3"
+    "max_gram_length_past_ngram_counts": ({"max_gram_length": 4}, r"max_gram_length 4 .*3"),
+    "min_gram_length_past_ngram_counts": (
+        {"min_gram_length": 4, "max_gram_length": 4},
+        r"min_gram_length 4 .*3",
+    ),
+    # "Got weights of size: 9 but ngram_indexes size: 8 must be of equal size"
+    "weights_more_than_ngram_indexes": ({"weights": [1.0] * 9}, r"9 weights for 8 ngram_indexes"),
+    # "Duplicate ngram detected, size: 1"
+    "duplicate_1_gram": (
+        {"pool_int64s": [2, 3, 2, 4, 5, 6, 7, 8, 6, 7, 2, 3, 5]},
+        r"1-gram \[2\] twice",
+    ),
+    "duplicate_2_gram": (
+        {"pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 5, 6, 2, 3, 5]},
+        r"2-gram \[5, 6\] twice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TFIDF_REFUSED))
+def test_tfidf_vectorizer_refuses_what_onnxruntime_refuses(case: str) -> None:
+    attributes, pattern = TFIDF_REFUSED[case]
+    model = _tfidf(TOKENS, mode="TF", **attributes)
+    with pytest.raises(Exception, match=r"ngram|weights|Duplicate"):  # onnxruntime's own types
+        _onnxruntime(model, {"X": TOKENS})
+    with pytest.raises(ValueError, match=rf"node 'tfidf' .*{pattern}"):
+        backend.prepare(model)
+
+
+def test_tfidf_vectorizer_of_no_rows_is_refused() -> None:
+    """onnxruntime: "Input shape must have either [C] or [B,C] dimensions with B > 0"."""
+    x = np.zeros((0, 8), np.int64)
+    model = _tfidf(x, mode="TF")
+    with pytest.raises(Exception, match="B > 0"):  # onnxruntime's own types
+        _onnxruntime(model, {"X": x})
+    with pytest.raises(ValueError, match=r"node 'tfidf' .*input X has shape \[0, 8\]"):
+        backend.prepare(model).run([x])
+
+
+def test_tfidf_vectorizer_with_more_ngram_indexes_than_ngrams_as_onnxruntime() -> None:
+    """Columns past the pool's n-grams stay 0 (onnxruntime accepts them)."""
+    model = _tfidf(TOKENS, mode="TF", ngram_indexes=[*range(8), 9])
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 10
+    (ours,) = backend.prepare(model).run([TOKENS])
+    (theirs,) = _onnxruntime(model, {"X": TOKENS})
+    np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
 def test_huge_target_count_refused_before_allocating() -> None:
     with pytest.raises(ValueError, match=r"forest5"):
         backend.prepare(_ensemble5(n_targets=2**40))

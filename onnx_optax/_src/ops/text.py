@@ -1,7 +1,10 @@
 """Text features over integer tokens: TfIdfVectorizer (ai.onnx).
 
 XLA holds no strings, so the tokens are int32 or int64 ids (``pool_int64s``);
-``pool_strings`` and string inputs are refused by name. The n-gram pool is read
+``pool_strings`` and string inputs are refused by name. As in onnxruntime, a
+pool whose attributes disagree (gram lengths beyond ``ngram_counts``, fewer
+``ngram_indexes`` than n-grams, ``weights`` not one per index, an n-gram
+listed twice) and an X of no rows are refused by name. The n-gram pool is read
 when the graph is prepared: the n-grams of size ``n`` are the ``n``-long runs
 of ``pool_int64s[ngram_counts[n-1]:ngram_counts[n]]``, numbered in pool order
 across all sizes, and n-gram ``k`` counts into column ``ngram_indexes[k]``.
@@ -49,10 +52,20 @@ def _pool(node: Node) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         raise ValueError(
             f"{node.where}: max_skip_count is {node['max_skip_count']}; it must be >= 0"
         )
+    required = (("ngram_counts", counts), ("ngram_indexes", indexes), ("pool_int64s", pool))
+    for name, given in required:
+        if not len(given):
+            raise ValueError(f"{node.where}: {name} is empty; it is required")
+    for name, length in (("min_gram_length", low), ("max_gram_length", high)):
+        if length > len(counts):
+            raise ValueError(
+                f"{node.where}: {name} {length} counts n-grams longer than the {len(counts)} "
+                "sizes ngram_counts gives"
+            )
     bounds = [*counts, pool.size]
-    if any(b < a for a, b in itertools.pairwise(bounds)) or (counts and counts[0] < 0):
+    if any(b < a for a, b in itertools.pairwise(bounds)) or counts[0] < 0:
         raise ValueError(
-            f"{node.where}: ngram_counts {counts} must be non-decreasing offsets into the "
+            f"{node.where}: ngram_counts {counts[:8]} must be non-decreasing offsets into the "
             f"pool of {pool.size} items"
         )
     grams: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -65,17 +78,27 @@ def _pool(node: Node) -> dict[int, tuple[np.ndarray, np.ndarray]]:
             )
         k = (end - start) // n
         if low <= n <= high and k:
-            grams[n] = (pool[start:end].reshape(k, n), np.arange(first, first + k))
+            segment = pool[start:end].reshape(k, n)
+            unique, seen = np.unique(segment, axis=0, return_counts=True)
+            if (seen > 1).any():  # a gram counted into two columns (onnxruntime refuses it)
+                twice = unique[np.argmax(seen > 1)].tolist()
+                raise ValueError(f"{node.where}: pool_int64s holds the {n}-gram {twice} twice")
+            grams[n] = (segment, np.arange(first, first + k))
         first += k
-    if indexes.size != first:
+    if indexes.size < first:
         raise ValueError(
             f"{node.where}: {indexes.size} ngram_indexes for the pool's {first} n-grams; give "
             "one output column per n-gram"
         )
     if (indexes < 0).any():
         raise ValueError(f"{node.where}: ngram_indexes holds {int(indexes.min())}; it must be >= 0")
-    weights = node.get("weights") or []
-    if len(weights) and indexes.size and len(weights) <= int(indexes.max()):
+    weights = node.get("weights")
+    if weights is not None and len(weights) != indexes.size:
+        raise ValueError(
+            f"{node.where}: {len(weights)} weights for {indexes.size} ngram_indexes; give one "
+            "weight per index"
+        )
+    if weights is not None and len(weights) <= int(indexes.max()):
         raise ValueError(
             f"{node.where}: {len(weights)} weights for {int(indexes.max()) + 1} output columns"
         )
@@ -100,6 +123,10 @@ def _tfidf_vectorizer(node: Node, x: Any) -> Any:
     if np.ndim(x) > 2:
         raise ValueError(
             f"{node.where}: input X has shape {list(np.shape(x))}; it must be [C] or [B, C]"
+        )
+    if np.ndim(x) == 2 and not np.shape(x)[0]:
+        raise ValueError(
+            f"{node.where}: input X has shape {list(np.shape(x))}; [B, C] needs B > 0 rows"
         )
     x = jnp.asarray(x)
     rows = x.reshape(1, -1) if x.ndim < 2 else x
