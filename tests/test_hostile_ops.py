@@ -881,6 +881,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         19,
         r"sizes \[0, 2\] \(not_larger\) give axis 2 of size 4 the scale 0.0",
     ),
+    "MaxPool storage_order 2": (
+        "MaxPool",
+        [np.zeros((1, 1, 4, 4), np.float32)],
+        {"kernel_shape": [2, 2], "storage_order": 2},
+        21,
+        r"storage_order 2 must be 0 \(row major\) or 1 \(column major\)",
+    ),
+    "MaxUnpool negative index": (
+        "MaxUnpool",
+        [np.ones((1, 1, 2, 2), np.float32), np.array([[[[0, 1], [-1, 3]]]], np.int64)],
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        21,
+        r"indices hold -1, outside \[0, 16\)",
+    ),
 }
 
 

@@ -25,8 +25,8 @@ from jax import lax
 from onnx_optax._src.ops.arrays import (
     _canonical,
     _cast,
-    _checked_indices,
     _same_dtype,
+    check_at_run,
     check_size,
     is_static,
 )
@@ -847,6 +847,11 @@ def _separable_max(x: Any, low: Any, window: dict[str, Any]) -> Any:
 
 @register("MaxPool")
 def _max_pool(node: Node, x: Any) -> Any:
+    order = int(node.get("storage_order", 0))
+    if order not in (0, 1):  # onnxruntime refuses any other
+        raise ValueError(
+            f"{node.where}: storage_order {order} must be 0 (row major) or 1 (column major)"
+        )
     kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
     out_shape = [*x.shape[:2], *sizes]
     check_size(node, out_shape, x.dtype)
@@ -966,7 +971,13 @@ def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> A
         )
     check_size(node, shape, x.dtype)
     total = math.prod(inferred)
-    flat = _checked_indices(node, jnp.asarray(indices).reshape(-1), total, "indices")
+    # onnxruntime takes no negative index ("Index value out of bounds")
+    if not np.issubdtype(np.dtype(indices.dtype), np.integer):
+        raise TypeError(f"{node.where}: indices must be integers, got {indices.dtype}")
+    flat = jnp.asarray(indices).reshape(-1)
+    check_at_run(
+        f"{node.where}: indices hold {{}}, outside [0, {total})", (flat < 0) | (flat >= total), flat
+    )
     y = jnp.zeros(total, x.dtype).at[flat].set(jnp.asarray(x).reshape(-1), mode="drop")
     y = y.reshape(inferred)
     return jnp.pad(y, [(0, d - i) for d, i in zip(shape, inferred, strict=True)])
