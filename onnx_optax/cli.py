@@ -20,6 +20,7 @@ import math
 import os
 import pathlib
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
+# The most characters of an error message (a stranger's names can be megabytes long).
+MESSAGE_CHARACTERS = 2000
 
 # The benchmark harness lives in the repository, not in the package.
 BENCHMARK = pathlib.Path("benchmarks") / "optimizer_step.py"
@@ -470,8 +473,8 @@ def _check(args: argparse.Namespace) -> int:
     except (TypeError, ValueError, NotImplementedError) as error:
         raise UsageError(f"{args.model}: {error}") from None
     blocking = [p for p in problems if p.blocking]
-    for problem in problems:
-        print(problem if problem.blocking else f"warning: {problem}")
+    for problem in problems:  # one problem a line, whatever names the model holds
+        print(one_line(str(problem) if problem.blocking else f"warning: {problem}"))
     if blocking:
         print(f"{args.model}: {len(blocking)} problem(s)", file=sys.stderr)
         return EXIT_FAILED
@@ -894,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.run(args)
     except (UsageError, MissingExtraError) as error:
-        print(f"onnx-optax {args.command}: {error}", file=sys.stderr)
+        print(f"onnx-optax {args.command}: {one_line(str(error))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # before a command could save anything: no traceback
         print(f"onnx-optax {args.command}: interrupted", file=sys.stderr)
@@ -902,7 +905,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``| head``): no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    except Exception as error:  # what no check foresaw (a bug): still one line, exit 2
+        print(f"onnx-optax {args.command}: {_unforeseen(error)}", file=sys.stderr)
+        return EXIT_USAGE
     return result
+
+
+def one_line(text: str, limit: int = MESSAGE_CHARACTERS) -> str:
+    """``text`` as one line of at most about ``limit`` characters: control characters
+    (a newline in a stranger's tensor name) escaped, the middle of a long text left out."""
+    if len(text) > limit:
+        text = (
+            f"{text[: limit // 2]} ... [{len(text) - limit} characters] ... {text[-limit // 2 :]}"
+        )
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _unforeseen(error: Exception) -> str:
+    """One line for an exception no check turned into a usage error: its type, the line of
+    onnx_optax that raised it, its message (for a bug report), never a traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    ours = [f for f in frames if f"{os.sep}onnx_optax{os.sep}" in f.filename] or frames[-1:]
+    where = f" at {os.path.basename(ours[-1].filename)}:{ours[-1].lineno}" if ours else ""
+    message = one_line(str(error), MESSAGE_CHARACTERS // 2)
+    return f"unexpected {type(error).__name__}{where}: {message} (please report it)"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,10 +15,12 @@ import argparse
 import csv
 import dataclasses
 import io
+import itertools
 import json
 import math
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -29,16 +31,89 @@ from typing import Any
 import numpy as np
 
 from onnx_optax._src.write import write_file
-from onnx_optax.cli import EXIT_FAILED, EXIT_OK, UsageError, _read_model, _training, _write_model
+from onnx_optax.cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    _read_model,
+    _training,
+    _write_model,
+    one_line,
+)
 
 # The key of the saved model's metadata_props holding the loop's position (JSON).
 POSITION_KEY = "onnx_optax.train"
 # A log file is rewritten at most this often (and at every save and at the end).
 LOG_SECONDS = 5.0
+# What train reads back from its own files is a stranger's too (a model or a log someone
+# sent): each value is checked where it is read, against these bounds.
+# Counts (steps, epochs, rows, batch size, seed): int64, as T and a session's seed.
+MAX_COUNT = 2**63 - 1
+# Characters of the position's JSON: a few hundred, plus the names of --batch-axis.
+MAX_POSITION_CHARS = 2**20
+# Bytes of a log read back on resume (a row is about 100 bytes), and of one of its lines.
+MAX_LOG_BYTES = 2**28
+MAX_LOG_LINE = 2**12
+# The columns a log may have, in the order train writes them.
+LOG_COLUMNS = ("step", "epoch", "loss", "val_loss", "val_accuracy", "learning_rate", "seconds")
+# Characters of a value a message quotes.
+_QUOTED = 40
 
 
 class SaveError(UsageError):
     """A checkpoint, log or plot could not be written (exit status 2)."""
+
+
+def quoted(value: object) -> str:
+    """``value`` for a one-line message: its ``repr`` cut short; an array or object described."""
+    if isinstance(value, list | dict):  # never the repr of a stranger's nesting
+        return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)} items"
+    if isinstance(value, str) and len(value) > _QUOTED:
+        value = value[:_QUOTED]
+    text = repr(value)
+    return text if len(text) <= _QUOTED else text[: _QUOTED - 3] + "..."
+
+
+class _Refused(ValueError):
+    """JSON that parses, refused while parsing (a repeated key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Refused(f"the key {quoted(key)} appears twice in an object")
+            seen.add(key)
+    return value
+
+
+def parse_json(text: str) -> Any:
+    """``text`` as JSON, or a ValueError of one bounded line.
+
+    Objects with a repeated key and nesting deeper than the interpreter's
+    stack are refused (NaN and Infinity are read as floats, for the caller's
+    checks of each field); the caller bounds the length of ``text`` first, so
+    the work is linear in it.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError("it nests too deep to be what train writes") from None
+    except _Refused:
+        raise
+    except ValueError as error:  # JSONDecodeError; an integer of over 4,300 digits
+        raise ValueError(f"it is not JSON: {str(error)[:200]}") from None
+
+
+def _count(name: str, value: Any, least: int = 0) -> int:
+    """``value``, a field of the position, as a count in [least, MAX_COUNT]; else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"field '{name}': {quoted(value)} is not an integer")
+    if not least <= value <= MAX_COUNT:
+        raise ValueError(f"field '{name}': {quoted(value)} is not in [{least}, 2**63 - 1]")
+    return value
 
 
 @dataclasses.dataclass
@@ -67,27 +142,93 @@ class Position:
 
     @classmethod
     def from_json(cls, text: str) -> Position:
-        """The position in ``text``, or a ValueError saying what is wrong with it."""
-        value = json.loads(text)
+        """The position in ``text``, or a ValueError of one bounded line naming the field.
+
+        Every field is checked as ``train`` writes it: counts in [0, 2**63 - 1]
+        (rows and batch size from 1), seconds finite and >= 0, the flags
+        booleans, the axes names and integers, and the fields together (the
+        step between the run's start and goal, the rows taken a whole number
+        of batches short of the rows), so a position read here starts a run
+        that ``batches`` accepts.
+        """
+        if not isinstance(text, str) or len(text) > MAX_POSITION_CHARS:
+            size = len(text) if isinstance(text, str) else type(text).__name__
+            raise ValueError(
+                f"it is {size} characters, more than the {MAX_POSITION_CHARS} train writes"
+            )
+        value = parse_json(text)
         if not isinstance(value, dict):
-            raise ValueError("not a JSON object")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+            raise ValueError(f"it is a JSON {type(value).__name__}, not an object")
+        fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(value) - set(fields))
-        if unknown or set(value) != set(fields):
-            raise ValueError(f"its fields are {sorted(value)}, not {sorted(fields)}")
-        for name, field in fields.items():
-            kinds: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float)}
-            want = {**kinds, "bool": (bool,)}.get(str(field.type), (dict,))
-            item = value[name]
-            if not isinstance(item, want) or (bool not in want and isinstance(item, bool)):
-                raise ValueError(f"'{name}' is {item!r}")
-        position = cls(**value)
+        if unknown:
+            raise ValueError(f"field {quoted(unknown[0])} is not one train writes")
+        missing = [name for name in fields if name not in value]
+        if missing:
+            raise ValueError(f"field '{missing[0]}' is missing")
+        counts = {
+            name: _count(name, value[name], 1 if name in ("rows", "batch_size") else 0)
+            for name in (
+                "epoch",
+                "start",
+                "step",
+                "run_start",
+                "goal",
+                "rows",
+                "batch_size",
+                "seed",
+            )
+        }
+        seconds = value["seconds"]
         if (
-            min(position.epoch, position.start, position.step, position.run_start) < 0
-            or not position.run_start <= position.step
-            or not all(isinstance(k, str) and isinstance(a, int) for k, a in position.axes.items())
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds < math.inf
         ):
-            raise ValueError(f"it does not hold together: {text}")
+            raise ValueError(f"field 'seconds': {quoted(seconds)} is not a number >= 0")
+        for name in ("shuffle", "drop_last"):
+            if not isinstance(value[name], bool):
+                raise ValueError(f"field '{name}': {quoted(value[name])} is not true or false")
+        axes = value["axes"]
+        if not isinstance(axes, dict):
+            raise ValueError(f"field 'axes': {quoted(axes)} is not an object")
+        for name, axis in axes.items():
+            if isinstance(axis, bool) or not isinstance(axis, int) or not -64 <= axis < 64:
+                raise ValueError(
+                    f"field 'axes': the axis of {quoted(name)}, {quoted(axis)}, is not an "
+                    "integer in [-64, 64)"
+                )
+        position = cls(
+            **counts,
+            seconds=float(seconds),
+            shuffle=value["shuffle"],
+            drop_last=value["drop_last"],
+            axes=axes,
+        )
+        p = position
+        if not p.run_start <= p.step <= p.goal:
+            raise ValueError(
+                f"fields 'run_start', 'step' and 'goal': {p.run_start}, {p.step} and "
+                f"{p.goal} are not in order"
+            )
+        if p.batch_size > p.rows:
+            raise ValueError(
+                f"field 'batch_size': {p.batch_size} is more than the {p.rows} rows (field 'rows')"
+            )
+        if p.start >= p.rows:
+            raise ValueError(
+                f"field 'start': {p.start} is not below the {p.rows} rows (field 'rows')"
+            )
+        if p.start % p.batch_size:
+            raise ValueError(
+                f"field 'start': {p.start} is not a whole number of batches of {p.batch_size} "
+                "(field 'batch_size')"
+            )
+        if p.drop_last and p.rows - p.start < p.batch_size:
+            raise ValueError(
+                f"field 'start': {p.start} leaves no whole batch of {p.batch_size} of the "
+                f"{p.rows} rows, and 'drop_last' is true"
+            )
         return position
 
 
@@ -140,9 +281,11 @@ def _read_arrays(path: str, names: list[str], what: str) -> dict[str, np.ndarray
         raise UsageError(f"cannot read the {what} {path!r}: {error}") from None
     missing = [n for n in names if n not in data]
     if missing:
+        shown = sorted(held)[:20]  # a zip may name a million members
+        more = f" and {len(held) - len(shown)} more" if len(held) > len(shown) else ""
         raise UsageError(
             f"{path}: no array for the input(s) {missing}; the model trains on "
-            f"{names} and the file holds {sorted(held)}"
+            f"{names} and the file holds {shown}{more}"
         )
     return {n: data[n] for n in names}
 
@@ -164,23 +307,128 @@ def _write_log(path: str, columns: list[str], rows: list[dict[str, Any]]) -> Non
     write_file(path, text.encode(), what="the log")
 
 
-def _read_log(path: str, last: int) -> list[dict[str, Any]]:
-    """The rows of an earlier log up to step ``last`` (for a resumed run); [] if unreadable."""
+def _log_number(name: str, value: Any) -> float | None:
+    """A value of column ``name`` of a log row: a number (None where it may be left empty)."""
+    if value is None and name in ("val_loss", "val_accuracy", "learning_rate"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"field '{name}': {quoted(value)} is not a number")
+    number = float(value)
+    if name in ("epoch", "seconds") and not 0 <= number < math.inf:
+        raise ValueError(f"field '{name}': {quoted(value)} is not a number >= 0")
+    if name == "val_accuracy" and not 0 <= number <= 1:
+        raise ValueError(f"field '{name}': {quoted(value)} is not in [0, 1]")
+    return number  # a loss or a rate may be NaN or infinite: train logs what it computed
+
+
+def _log_row(row: Any, previous: int) -> dict[str, Any]:
+    """One row of a log as train writes it (a JSON object, or CSV by its header), checked."""
+    if not isinstance(row, dict):
+        raise ValueError(f"it is {quoted(row)}, not an object of the columns")
+    unknown = [name for name in row if name not in LOG_COLUMNS]
+    if unknown:
+        raise ValueError(f"field {quoted(unknown[0])} is not a column train writes")
+    missing = [n for n in ("step", "epoch", "loss", "seconds") if n not in row]
+    if missing:
+        raise ValueError(f"field '{missing[0]}' is missing")
+    step = row["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_COUNT:
+        raise ValueError(f"field 'step': {quoted(step)} is not an integer in [1, 2**63 - 1]")
+    if step <= previous:
+        raise ValueError(f"field 'step': {step} does not follow the step {previous} before it")
+    return {"step": step, **{n: _log_number(n, row[n]) for n in LOG_COLUMNS[1:] if n in row}}
+
+
+def _csv_fields(text: str) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as file:
-            if _log_format(path) == "jsonl":
-                rows = [json.loads(line) for line in file if line.strip()]
-            else:
-                rows = [
-                    {k: (float(v) if v else None) for k, v in row.items()}
-                    for row in csv.DictReader(file)
-                ]
-        kept = [r for r in rows if isinstance(r, dict) and float(r["step"]) <= last]
-        for row in kept:
-            row["step"] = int(row["step"])
-        return kept
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+        (fields,) = list(csv.reader([text.rstrip("\r\n")], strict=True)) or [[]]
+    except (csv.Error, ValueError) as error:
+        raise ValueError(f"it is not a line of CSV: {str(error)[:100]}") from None
+    return fields
+
+
+def _csv_row(header: list[str], text: str) -> dict[str, Any]:
+    fields = _csv_fields(text)
+    if len(fields) != len(header):
+        raise ValueError(f"it has {len(fields)} fields, the header {len(header)}")
+    row: dict[str, Any] = {}
+    for name, field in zip(header, fields, strict=True):
+        try:
+            row[name] = None if not field else int(field) if name == "step" else float(field)
+        except ValueError:
+            raise ValueError(f"field '{name}': {quoted(field)} is not a number") from None
+    return row
+
+
+def _read_log(path: str, last: int) -> list[dict[str, Any]]:
+    """The rows of the earlier log ``path`` up to step ``last``, for a resumed run.
+
+    The log is a stranger's file too: it is read as train writes it, a line at a
+    time (each at most :data:`MAX_LOG_LINE` bytes, all at most
+    :data:`MAX_LOG_BYTES`), never through a symbolic link, and every row is
+    checked (its columns, the step after the one before, the numbers). Raises
+    UsageError naming the log, the line and the field.
+    """
+    where = f"the log {path!r}"
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        descriptor = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        if os.path.islink(path):
+            raise UsageError(
+                f"{where} is a symbolic link: train reads back only the log it wrote, a file "
+                "(give another --log)"
+            ) from None
+        raise UsageError(f"cannot read {where}: {error.strerror}") from None
+    rows: list[dict[str, Any]] = []
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise UsageError(f"cannot read {where}: it is not a file")
+        jsonl = _log_format(path) == "jsonl"
+        header: list[str] | None = None
+        previous, size = 0, 0
+        for number in itertools.count(1):
+            line = file.readline(MAX_LOG_LINE + 1)
+            if not line:
+                break
+            size += len(line)
+            if size > MAX_LOG_BYTES:
+                raise UsageError(
+                    f"{where} is more than the {MAX_LOG_BYTES} bytes train reads back "
+                    "(give another --log)"
+                )
+            try:
+                if len(line) > MAX_LOG_LINE:
+                    raise ValueError(f"it is longer than the {MAX_LOG_LINE} bytes of a row")
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError("it is not UTF-8") from None
+                if not text.strip():
+                    continue
+                if jsonl:
+                    row = _log_row(parse_json(text), previous)
+                elif header is None:
+                    header = _csv_fields(text)
+                    needed = ("step", "epoch", "loss", "seconds")
+                    if (
+                        any(n not in LOG_COLUMNS for n in header)
+                        or len(set(header)) != len(header)
+                        or any(n not in header for n in needed)
+                    ):
+                        raise ValueError(
+                            f"its header {quoted(','.join(header))} is not of the columns "
+                            f"{','.join(LOG_COLUMNS)}, each once, with {','.join(needed)}"
+                        )
+                    continue
+                else:
+                    row = _log_row(_csv_row(header, text), previous)
+            except ValueError as error:
+                raise UsageError(f"{where}, line {number}: {error}") from None
+            previous = row["step"]
+            if row["step"] <= last:
+                rows.append(row)
+    return rows
 
 
 def log_scale(values: list[float]) -> bool:
@@ -223,15 +471,22 @@ def plot(path: str, title: str, rows: list[dict[str, Any]]) -> None:
 # ----------------------------------------------------------------------------- the loop
 
 
-def _saved_position(model: Any, say: Callable[[str], None]) -> Position | None:
-    props = {p.key: p.value for p in model.metadata_props}
-    if POSITION_KEY not in props:
+def _saved_position(model: Any, path: str) -> Position | None:
+    """The position a train saved in ``model`` (read from ``path``), checked; None if none.
+
+    A position that is not one train writes is a UsageError naming the model,
+    the metadata entry and the field.
+    """
+    values = [p.value for p in model.metadata_props if p.key == POSITION_KEY]
+    if not values:
         return None
+    where = f"{path}: metadata '{POSITION_KEY}' (where a train stopped)"
+    if len(values) > 1:
+        raise UsageError(f"{where} appears {len(values)} times")
     try:
-        return Position.from_json(props[POSITION_KEY])
+        return Position.from_json(values[0])
     except ValueError as error:
-        say(f"note: ignoring the saved position ({POSITION_KEY}): {error}")
-        return None
+        raise UsageError(f"{where}: {error}") from None
 
 
 class Progress:
@@ -254,6 +509,7 @@ class Progress:
 
     def say(self, text: str) -> None:
         """A line on stderr that does not break the bar."""
+        text = one_line(text)
         if self.bar_on:
             self.bar.write(text, file=sys.stderr)
         else:
@@ -278,6 +534,7 @@ def run_train(args: argparse.Namespace, axes: dict[str, int]) -> int:
     """``onnx-optax train`` once its arguments are checked; returns the exit status."""
     training: ModuleType = _training()
     model = _read_model(training, args.model)
+    saved = _saved_position(model, args.model)
     try:
         session = training.Session(model, seed=args.seed)  # Dropout's masks, if it drops
     except training.TrainingModelError as error:
@@ -303,10 +560,9 @@ def run_train(args: argparse.Namespace, axes: dict[str, int]) -> int:
     rows = epoch_of(data, args.data).rows
     if args.batch_size > rows:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {rows} rows of data")
-    if val:
-        epoch_of(val, args.val_data)
+    if val and not epoch_of(val, args.val_data).rows:
+        raise UsageError(f"{args.val_data}: the arrays have no rows to validate on")
     options = _options(args, rows, axes)
-    saved = _saved_position(model, lambda text: print(text, file=sys.stderr))
     position = dataclasses.replace(options)
     resumed = False
     if saved is not None:
@@ -325,12 +581,23 @@ def run_train(args: argparse.Namespace, axes: dict[str, int]) -> int:
             )
     per_epoch = len(epoch_of(data, args.data, drop_last=args.drop_last))
     position.goal = position.run_start + (args.steps or args.epochs * per_epoch)
+    if position.goal > MAX_COUNT:
+        raise UsageError(
+            f"{'--steps' if args.steps else '--epochs'} would end the run after step "
+            f"{position.goal}, beyond the 2**63 - 1 steps a model counts"
+        )
     if position.goal <= position.step:
         raise UsageError(
             f"the saved run stopped after {position.step - position.run_start} of its steps: "
             f"{'--steps ' + str(args.steps) if args.steps else '--epochs ' + str(args.epochs)} "
             "leaves none to run"
         )
+    # The earlier log's rows, checked before anything is said or written.
+    logged = (
+        _read_log(args.log, position.step)
+        if resumed and args.log and os.path.lexists(args.log)
+        else []
+    )
     if resumed:
         print(
             f"resuming the run at step {position.step - position.run_start} of "
@@ -338,7 +605,16 @@ def run_train(args: argparse.Namespace, axes: dict[str, int]) -> int:
             f"{position.start} of {rows})",
             file=sys.stderr,
         )
-    return Loop(args, training, model, session, data, val, axes, position, resumed).run()
+    return Loop(args, training, model, session, data, val, axes, position, logged).run()
+
+
+def _read(reader: Callable[[Any], tuple[Any, str]], model: Any, what: str) -> tuple[Any, str]:
+    """``reader(model)``, one of _metrics' (a result and "", or None and why not); an error
+    reading a stranger's model there is a why not."""
+    try:
+        return reader(model)
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError) as error:
+        return None, f"{what} cannot be read from the model: {error}"
 
 
 class Loop:
@@ -354,7 +630,7 @@ class Loop:
         val: dict[str, np.ndarray],
         axes: dict[str, int],
         position: Position,
-        resumed: bool,
+        logged: list[dict[str, Any]],
     ) -> None:
         from onnx_optax.training import _metrics
 
@@ -362,11 +638,11 @@ class Loop:
         self.data, self.val, self.axes, self.position = data, val, axes, position
         self.metrics = _metrics
         self.first_step = position.step  # of this process
-        self.rate, why = _metrics.learning_rate(model)
+        self.rate, why = _read(_metrics.learning_rate, model, "R")
         self.columns = ["step", "epoch", "loss"]
         if val:
             self.columns.append("val_loss")
-            self.scores, why_not = _metrics.class_scores(model)
+            self.scores, why_not = _read(_metrics.class_scores, model, "the class scores")
             if self.scores is not None:
                 self.columns.append("val_accuracy")
         else:
@@ -379,9 +655,7 @@ class Loop:
             self.notes.append(f"note: the log has no learning_rate: {why}")
         if val and self.scores is None:
             self.notes.append(f"note: no validation accuracy: {why_not}")
-        self.rows: list[dict[str, Any]] = []
-        if resumed and args.log and os.path.isfile(args.log):
-            self.rows = _read_log(args.log, position.step)
+        self.rows = logged  # of the earlier log, for a resumed run
         self.val_every = args.val_every or len(
             training.batches(data, args.batch_size, axis=axes, drop_last=args.drop_last)
         )
@@ -434,7 +708,8 @@ class Loop:
 
     def _report(self, step: int, outputs: Mapping[str, np.ndarray]) -> None:
         for name, value in outputs.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(np.mean(value))
+            if np.asarray(value).dtype.kind in "biuf":  # the numbers a step reports
+                self.sums[name] = self.sums.get(name, 0.0) + float(np.mean(value))
         self.count += 1
         p = self.position
         epochs = p.epoch + p.start / p.rows
@@ -454,7 +729,12 @@ class Loop:
             row.update(self.last_val)
         if self.rate is not None:
             counted = self.rate.stored + (step - 1 - self.first_step) * self.rate.counts
-            row["learning_rate"] = self.rate.rate(counted)
+            try:
+                row["learning_rate"] = self.rate.rate(counted)
+            except (TypeError, ValueError, NotImplementedError, IndexError) as error:
+                self.progress.say(f"note: the log has no learning_rate from here: {error}")
+                self.rate = None
+                self.columns.remove("learning_rate")
         row["seconds"] = round(p.seconds + time.monotonic() - self.started, 3)
         self.rows.append(row)
         if self.progress.lines:
@@ -497,8 +777,8 @@ class Loop:
     def _epoch(self) -> Iterator[dict[str, np.ndarray]]:
         """The batches of the position's epoch from its row on."""
         p, a = self.position, self.args
-        return iter(
-            self.training.batches(
+        try:
+            epoch = self.training.batches(
                 self.data,
                 a.batch_size,
                 shuffle=a.shuffle,
@@ -508,7 +788,9 @@ class Loop:
                 start=p.start,
                 drop_last=a.drop_last,
             )
-        )
+        except ValueError as error:  # the position was checked where it was read
+            raise UsageError(f"{a.model}: metadata '{POSITION_KEY}': {error}") from None
+        return iter(epoch)
 
     def run(self) -> int:
         p, a = self.position, self.args
@@ -538,10 +820,15 @@ class Loop:
 
     def _steps(self, interrupt: Interrupt) -> int:
         p, a = self.position, self.args
-        batches = self._epoch()
         try:
+            batches = self._epoch()
             while p.step < p.goal and interrupt.signal is None:
-                batch = next(batches)
+                batch = next(batches, None)
+                if batch is None:  # the position leaves no batch: checked where it is read
+                    raise UsageError(
+                        f"{a.model}: metadata '{POSITION_KEY}': epoch {p.epoch} has no batch "
+                        f"after row {p.start}"
+                    )
                 try:
                     outputs = self.session.step(batch)
                 except (TypeError, ValueError, NotImplementedError) as error:
@@ -552,10 +839,13 @@ class Loop:
                     p.epoch, p.start = p.epoch + 1, 0
                     batches = self._epoch()
                 if self.loss is None:
-                    self.loss = self.metrics.loss_output(self.model, list(outputs))
+                    numbers = [n for n, v in outputs.items() if np.asarray(v).dtype.kind in "biuf"]
+                    self.loss = self.metrics.loss_output(self.model, numbers)
                     self.first_done = time.monotonic()
                     if self.loss is None:
-                        raise UsageError(f"{a.model}: a step reports no output (no loss to show)")
+                        raise UsageError(
+                            f"{a.model}: a step reports no output of numbers (no loss to show)"
+                        )
                 self._report(p.step, outputs)
                 if a.save_every and p.step % a.save_every == 0 and p.step < p.goal:
                     self.save(interrupt)
