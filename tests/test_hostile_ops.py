@@ -895,6 +895,41 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         21,
         r"indices hold -1, outside \[0, 16\)",
     ),
+    "Attention nonpad_kv_seqlen beyond the keys": (
+        "Attention",
+        [*[np.ones((1, 2, 3, 4), np.float32)] * 3, None, None, None, np.array([7], np.int64)],
+        {},
+        24,
+        r"nonpad_kv_seqlen holds 7, outside \[0, 3\]",
+    ),
+    "Attention nonpad_kv_seqlen negative": (
+        "Attention",
+        [*[np.ones((1, 2, 3, 4), np.float32)] * 3, None, None, None, np.array([-1], np.int64)],
+        {},
+        24,
+        r"nonpad_kv_seqlen holds -1, outside \[0, 3\]",
+    ),
+    "Dropout ratio 1 in training": (
+        "Dropout",
+        [np.ones((2, 3), np.float32), np.array(1, np.float32), np.array(True)],
+        {"seed": 0},
+        13,
+        r"ratio must be in \[0, 1\), got 1.0",
+    ),
+    "Dropout ratio NaN in inference": (
+        "Dropout",
+        [np.ones((2, 3), np.float32), np.array(np.nan, np.float32)],
+        {},
+        13,
+        r"ratio must be in \[0, 1\), got nan",
+    ),
+    "Dropout ratio of shape [1]": (
+        "Dropout",
+        [np.ones((2, 3), np.float32), np.array([0.5], np.float32)],
+        {},
+        13,
+        r"ratio of shape \[1\] must be a scalar",
+    ),
 }
 
 

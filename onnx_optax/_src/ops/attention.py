@@ -312,6 +312,13 @@ def _attention(
         k = _cache(node, "past_key", past_key, k)
         v = _cache(node, "past_value", past_value, v)
     present_key, present_value = k, v
+    if nonpad is not None:  # onnxruntime: "nonpad_kv_seqlen[0] = 7 is out of range [0, 3]"
+        kv = k.shape[2]
+        check_at_run(
+            f"{node.where}: nonpad_kv_seqlen holds {{}}, outside [0, {kv}]",
+            (nonpad < 0) | (nonpad > kv),
+            nonpad,
+        )
     mode = int(node.get("qk_matmul_output_mode", 0))
     if mode not in (0, 1, 2, 3):
         raise ValueError(f"{node.where}: qk_matmul_output_mode {mode} must be 0, 1, 2 or 3")

@@ -23,6 +23,7 @@ from onnx_optax._src.ops.arrays import (
     _canonical,
     _same_dtype,
     _xp,
+    check_at_run,
     is_static,
 )
 from onnx_optax._src.ops.nn import _broadcasts_to
@@ -173,13 +174,19 @@ def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -
             f"{node.where}: Dropout of opset {node.opset} in training mode (is_test=0) is "
             "not supported; convert the model to opset 12 or later, where training_mode says it"
         )
+    if ratio is not None:  # onnxruntime checks it in inference mode too
+        if np.ndim(ratio) != 0:
+            raise ValueError(
+                f"{node.where}: ratio of shape {list(np.shape(ratio))} must be a scalar"
+            )
+        check_at_run(
+            f"{node.where}: ratio must be in [0, 1), got {{}}", ~((ratio >= 0) & (ratio < 1)), ratio
+        )
     kept = _xp(x).ones(x.shape, bool) if node.opset >= 10 else _xp(x).ones(x.shape, x.dtype)
     off = training_mode is None or (is_static(training_mode) and not bool(training_mode))
     if off or (ratio is not None and is_static(ratio) and float(ratio) == 0):
         return (x, kept)[: node.n_outputs]
     rate = jnp.asarray(0.5 if ratio is None else ratio, jnp.float32)
-    if ratio is not None and is_static(ratio) and not 0 <= float(ratio) < 1:
-        raise ValueError(f"{node.where}: ratio must be in [0, 1), got {float(ratio)}")
     keep = jax.random.uniform(_dropout_key(node), x.shape, jnp.float32) >= rate
     # A fed ratio of 1 drops everything: scale 0, not inf (whose 0 * inf is a NaN gradient).
     scale = jnp.where(rate < 1, 1 / (1 - rate), 0).astype(x.dtype)
