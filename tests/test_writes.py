@@ -493,3 +493,25 @@ def test_pickled_arrays_and_files_that_are_no_npz_are_refused_naming_why(
     (attached / "text.npz").write_text("x,target\n")
     line = _refused(attached, attached / "text.npz", capsys)
     assert line.endswith("it is not an .npz file (a zip of .npy arrays)")
+
+
+def test_a_member_named_twice_and_a_truncated_zip_are_refused(
+    attached: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 33: a zip may name x.npy twice; numpy and zipfile would read the last silently.
+    inputs = _inputs()
+    path = attached / "twice.npz"
+    with (
+        pytest.warns(UserWarning, match="Duplicate name"),
+        zipfile.ZipFile(path, "w") as archive,
+    ):
+        archive.writestr("x.npy", _npy(inputs["x"]))
+        archive.writestr("x.npy", _npy(inputs["x"] + 1))
+        archive.writestr("target.npy", _npy(inputs["target"]))
+    line = _refused(attached, path, capsys)
+    assert line.endswith("member 'x.npy' appears 2 times; it is not clear which array is meant")
+    # A zip cut short (its central directory lost): one line, never a traceback.
+    good = _data(attached / "good.npz", x=inputs["x"], target=inputs["target"])
+    (attached / "cut.npz").write_bytes(good.read_bytes()[:-30])
+    line = _refused(attached, attached / "cut.npz", capsys)
+    assert "cannot read the data" in line

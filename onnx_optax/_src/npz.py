@@ -82,7 +82,8 @@ def read_npz(
     declared size and ``.npy`` header are checked before it is inflated, against
     what is left of ``max_bytes`` (default :data:`MAX_BYTES`) for all of them
     together. Raises ValueError naming the member (too large, truncated, a
-    pickled object array, not a ``.npy`` array), or for a file that is no ``.npz``.
+    pickled object array, not a ``.npy`` array, named twice), or for a file that
+    is no ``.npz``.
     """
     limit = MAX_BYTES if max_bytes is None else max_bytes
     budget = limit
@@ -93,7 +94,8 @@ def read_npz(
         raise ValueError("it is not an .npz file (a zip of .npy arrays)")
     arrays: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(path) as archive:
-        members = {info.filename: info for info in archive.infolist()}
+        infos = archive.infolist()
+        members = {info.filename: info for info in infos}
         held = [n[: -len(_SUFFIX)] if n.endswith(_SUFFIX) else n for n in members]
         for name in dict.fromkeys(names):
             info = members.get(name + _SUFFIX)
@@ -101,6 +103,13 @@ def read_npz(
                 if name in members:
                     raise ValueError(f"member {name!r} is not a .npy array")
                 continue
+            if len(members) < len(infos):  # a zip may name a member twice: which one is meant?
+                count = sum(i.filename == info.filename for i in infos)
+                if count > 1:
+                    raise ValueError(
+                        f"member {info.filename!r} appears {count} times; it is not clear "
+                        "which array is meant"
+                    )
             arrays[name], count = _read_member(archive, info, budget, limit)
             budget -= count
     return arrays, held
