@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,6 +97,8 @@ def read_npz(
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
         members = {info.filename: info for info in infos}
+        # A zip may name a member twice: which one is meant? (counted once, in linear time)
+        twice = Counter(i.filename for i in infos) if len(members) < len(infos) else Counter()
         held = [n[: -len(_SUFFIX)] if n.endswith(_SUFFIX) else n for n in members]
         for name in dict.fromkeys(names):
             info = members.get(name + _SUFFIX)
@@ -103,13 +106,11 @@ def read_npz(
                 if name in members:
                     raise ValueError(f"member {name!r} is not a .npy array")
                 continue
-            if len(members) < len(infos):  # a zip may name a member twice: which one is meant?
-                count = sum(i.filename == info.filename for i in infos)
-                if count > 1:
-                    raise ValueError(
-                        f"member {info.filename!r} appears {count} times; it is not clear "
-                        "which array is meant"
-                    )
+            if twice[info.filename] > 1:
+                raise ValueError(
+                    f"member {info.filename!r} appears {twice[info.filename]} times; it is not "
+                    "clear which array is meant"
+                )
             arrays[name], count = _read_member(archive, info, budget, limit)
             budget -= count
     return arrays, held
