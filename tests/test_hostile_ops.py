@@ -930,6 +930,14 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         13,
         r"ratio of shape \[1\] must be a scalar",
     ),
+    "DFT inverse one-sided of a real signal": (
+        "DFT",
+        [np.ones((1, 8, 1), np.float32)],
+        {"onesided": 1, "inverse": 1},
+        20,
+        r"an inverse one-sided DFT takes a complex input \(a last axis of 2\), got shape "
+        r"\[1, 8, 1\]",
+    ),
 }
 
 

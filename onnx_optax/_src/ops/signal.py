@@ -100,6 +100,11 @@ def _dft(node: Node, x: Any, dft_length: Any = None, axis: Any = None) -> Any:
     inverse, onesided = bool(node["inverse"]), bool(node["onesided"])
     where = _dft_axis(node, x, axis)
     values = _complex(node, x)
+    if inverse and onesided and x.shape[-1] != 2:  # onnx's shape inference refuses it too
+        raise ValueError(
+            f"{node.where}: an inverse one-sided DFT takes a complex input (a last axis of 2), "
+            f"got shape {list(x.shape)}"
+        )
     if dft_length is None or np.size(dft_length) == 0:
         length = 2 * (x.shape[where] - 1) if inverse and onesided else x.shape[where]
     else:
