@@ -534,3 +534,133 @@ def test_a_trip_count_computed_from_a_small_input_is_a_compile_time_value(size: 
     n = np.full(size, 5.0, np.float32)
     assert_as_onnxruntime(model, {"n": n, "s0": np.array(0.5, np.float32)})
     assert backend.prepare(model).graph.static_inputs == (("n",) if scans else ())
+
+
+# ----------------------------------------------------------------------------- signatures
+
+
+def _branch(name: str, outputs: int, elem: int = F32, inputs: Sequence[Any] = ()) -> Any:
+    nodes = [
+        helper.make_node("Neg", ["x"], [f"{name}0"]),
+        helper.make_node("Abs", ["x"], [f"{name}1"]),
+    ]
+    if elem != F32:
+        nodes = [helper.make_node("Cast", ["x"], [f"{name}{k}"], to=elem) for k in range(2)]
+    return body(name, nodes, list(inputs), [vi(f"{name}{k}", elem, [2]) for k in range(outputs)])
+
+
+def _if_signature(case: str) -> Any:
+    """An If whose branches disagree with it (or each other), under a constant condition."""
+    then_outputs, node_outputs, else_elem, then_inputs = 1, 1, F32, ()
+    if case == "more_branch_outputs":
+        then_outputs = 2
+    elif case == "fewer_branch_outputs":
+        node_outputs = 2
+    elif case == "branch_types":
+        else_elem = F64
+    elif case == "branch_inputs":
+        then_inputs = (vi("q", F32, [2]),)
+    then_branch = _branch("t", then_outputs, F32, then_inputs)
+    else_branch = _branch("e", then_outputs, else_elem)
+    cond = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(False)))
+    node = helper.make_node(
+        "If",
+        ["c"],
+        ["y", "z"][:node_outputs],
+        name="if",
+        then_branch=then_branch,
+        else_branch=else_branch,
+    )
+    return make_model([cond, node], [vi("x", F32, [2])], [vi("y", F32, [2])])
+
+
+def _loop_signature(case: str) -> Any:
+    """s = -s, M times, scanning out s; the node or the body's declarations disagree."""
+    outputs = [vi("c_out", BOOL, []), vi("s_out", F32, [2]), vi("scanned", F32, [2])]
+    inputs = [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])]
+    node_outputs = ["f", "all"]
+    if case == "more_body_outputs":
+        node_outputs = ["f"]
+    elif case == "fewer_body_outputs":
+        node_outputs = ["f", "all", "extra"]
+    elif case == "iteration_type":
+        inputs[0] = vi("i", TensorProto.INT32, [])
+    elif case == "condition_type":
+        inputs[1] = vi("c_in", F32, [])
+    elif case == "carried_type":
+        inputs[2] = vi("s_in", I64, [2])
+    nodes = [
+        helper.make_node("Identity", ["c_in"], ["c_out"]),
+        helper.make_node("Neg", ["s_in"], ["s_out"]),
+        helper.make_node("Identity", ["s_in"], ["scanned"]),
+    ]
+    loop = helper.make_node(
+        "Loop", ["M", "", "s0"], node_outputs, name="loop", body=body("b", nodes, inputs, outputs)
+    )
+    return make_model(
+        [loop], [vi("s0", F32, [2])], [vi("f", F32, [2])], {"M": np.array(3, np.int64)}
+    )
+
+
+def _scan_signature(case: str) -> Any:
+    """A running sum; the node or the body's declarations disagree."""
+    elem = I64 if case == "scan_input_type" else F32
+    nodes = [
+        helper.make_node("Add", ["s_in", "e"], ["s_out"]),
+        helper.make_node("Identity", ["s_out"], ["y"]),
+    ]
+    scan_body = body(
+        "b",
+        nodes,
+        [vi("s_in", elem, [2]), vi("e", elem, [2])],
+        [vi("s_out", elem, [2]), vi("y", elem, [2])],
+    )
+    node_outputs = {"more_body_outputs": ["f"], "fewer_body_outputs": ["f", "ys", "zs"]}
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "xs"],
+        node_outputs.get(case, ["f", "ys"]),
+        name="scan",
+        body=scan_body,
+        num_scan_inputs=1,
+    )
+    return make_model([scan], [vi("s0", F32, [2]), vi("xs", F32, [3, 2])], [vi("f", F32, [2])])
+
+
+SIGNATURES = {
+    "if_more_branch_outputs": (_if_signature, r"then_branch gives 2 outputs .*node has 1"),
+    "if_fewer_branch_outputs": (_if_signature, r"then_branch gives 1 outputs .*node has 2"),
+    "if_branch_types": (_if_signature, r"output 0 .*float\) in then_branch .*double\) in else_b"),
+    "if_branch_inputs": (_if_signature, r"then_branch takes 1 inputs; it must take none"),
+    "loop_more_body_outputs": (_loop_signature, r"body gives 3 outputs .*node has 1"),
+    "loop_fewer_body_outputs": (_loop_signature, r"body gives 3 outputs .*node has 3"),
+    "loop_iteration_type": (_loop_signature, r"body input 'i' is declared tensor\(int32\).*int64"),
+    "loop_condition_type": (
+        _loop_signature,
+        r"body input 'c_in' is declared tensor\(float\).*bool",
+    ),
+    "loop_carried_type": (_loop_signature, r"body input 's_in' is declared tensor\(int64\).*float"),
+    "scan_more_body_outputs": (_scan_signature, r"body gives 2 outputs .*node has 1"),
+    "scan_fewer_body_outputs": (_scan_signature, r"body gives 2 outputs .*node has 3"),
+    "scan_scan_input_type": (
+        _scan_signature,
+        r"body input 's_in' is declared tensor\(int64\).*float",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SIGNATURES))
+def test_a_body_that_does_not_fit_its_node_is_refused_as_in_onnxruntime(case: str) -> None:
+    build, pattern = SIGNATURES[case]
+    model = build(case.split("_", 1)[1])
+    feeds = {"x": np.ones(2, np.float32), "s0": np.ones(2, np.float32)}
+    feeds["xs"] = np.ones((3, 2), np.float32)
+    names = {i.name for i in model.graph.input}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    with pytest.raises(Exception, match=r"Type|type|outputs|inputs"):  # onnxruntime's own types
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    node = model.graph.node[-1]
+    with pytest.raises(ValueError, match=rf"node '{node.name}' \(ai\.onnx\.{node.op_type}\): "):
+        backend.prepare(model).run(feeds)
+    with pytest.raises(ValueError, match=pattern):
+        backend.prepare(model).run(feeds)

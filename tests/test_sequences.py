@@ -469,3 +469,43 @@ def test_gradient_through_a_sequence_op_is_refused() -> None:
         r"node 'pack' \(ai\.onnx\.SequenceConstruct\)",
     ):
         backend.prepare(model)
+
+
+def _sequence_map(body_outputs: int, node_outputs: int, elem: int = F32) -> Any:
+    """SequenceMap of a body giving -e and |e| (the first ``body_outputs``) over [x, x]."""
+    body = helper.make_graph(
+        [helper.make_node("Neg", ["e"], ["a"]), helper.make_node("Abs", ["e"], ["b"])],
+        "body",
+        [vi("e", elem, None)],
+        [vi("a", elem, None), vi("b", elem, None)][:body_outputs],
+    )
+    names = ["r", "q"][:node_outputs]
+    return make_model(
+        [
+            helper.make_node("SequenceConstruct", ["x", "x"], ["s"]),
+            helper.make_node("SequenceMap", ["s"], names, body=body, name="map"),
+        ],
+        [vi("x", F32, [2])],
+        [seq_vi(name) for name in names],
+    )
+
+
+@pytest.mark.parametrize(
+    ("body_outputs", "node_outputs", "elem", "pattern"),
+    [
+        (2, 1, F32, r"body gives 2 outputs but the node has 1"),
+        (1, 2, F32, r"body gives 1 outputs but the node has 2"),
+        (1, 1, TensorProto.INT64, r"body input 'e' is declared tensor\(int64\) .*float"),
+    ],
+    ids=["more_body_outputs", "fewer_body_outputs", "element_type"],
+)
+def test_a_sequence_map_body_that_does_not_fit_is_refused_as_in_onnxruntime(
+    body_outputs: int, node_outputs: int, elem: int, pattern: str
+) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    model = _sequence_map(body_outputs, node_outputs, elem)
+    with pytest.raises(Exception, match=r"TypeInferenceError"):  # onnxruntime's own types
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.ones(2, np.float32)
+    with pytest.raises(ValueError, match=rf"node 'map' \(ai\.onnx\.SequenceMap\): {pattern}"):
+        backend.prepare(model).run({"x": x})

@@ -17,6 +17,14 @@ body costs one trace wherever it runs and nesting never multiplies the work.
 - ``Scan`` (opset 9 and later): ``lax.scan`` over the scan inputs, each along its
   axis and direction; scan outputs stacked along theirs.
 
+A body must fit its node, as onnxruntime requires, or the node is refused by
+name: If's branches take no input and give the node's outputs, of the types
+both declare; Loop's body takes an int64 iteration number, a bool condition and
+the carried values and gives one output more than the node; Scan's (and
+SequenceMap's) body takes the node's inputs and gives its outputs. Counts are
+checked when the graph is prepared, the declared input types against the
+values given when it is traced.
+
 Run-time checks the ops in a body record (an index out of range) leave the body
 as part of its outputs and are collected for the node's graph, so they still
 fail after the run naming their node.
@@ -34,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops.arrays import (
     NotStaticError,
     RunCheck,
@@ -48,6 +57,7 @@ from onnx_optax._src.ops.sequence import (
     TensorSeq,
     is_sequence_or_optional,
     refuse_narrowing_in,
+    type_text,
 )
 
 
@@ -152,10 +162,118 @@ def _collect(checks: dict[str, RunCheck]) -> None:
     record_run_checks(merged)
 
 
+# ----------------------------------------------------------------------------- signatures
+
+# Where a check leaves, in its node's attributes, the types its subgraphs declare for
+# their inputs (read once more when the node runs, on the values it is given).
+_FORMAL = "onnx_optax:formal_inputs"
+
+
+class _Formal(NamedTuple):
+    """A subgraph input as declared: its name, its kind and dtype (None: not declared)."""
+
+    name: str
+    kind: str | None  # tensor_type, sequence_type, optional_type
+    dtype: np.dtype | None
+    text: str | None  # as the schemas write it: tensor(float)
+
+
+def _formal(graph: Any) -> tuple[_Formal, ...]:
+    found = []
+    for value in graph.input:
+        kind = value.type.WhichOneof("value")
+        inner = value.type
+        while inner.WhichOneof("value") in ("sequence_type", "optional_type"):
+            inner = getattr(inner, inner.WhichOneof("value")).elem_type
+        code = inner.tensor_type.elem_type if inner.WhichOneof("value") == "tensor_type" else 0
+        try:
+            dtype = tensor_dtype(code, "") if code else None
+        except ValueError:  # a type XLA cannot hold: refused where it is read, if it is
+            dtype = None
+        found.append(_Formal(value.name, kind, dtype, type_text(value.type)))
+    return tuple(found)
+
+
+def _signature(node: Node, name: str, inputs: int, outputs: int) -> tuple[_Formal, ...]:
+    """Refuses subgraph ``name`` unless it takes ``inputs`` inputs and gives ``outputs``
+    outputs (as onnxruntime); keeps its declared inputs for :func:`_agree`."""
+    import onnx
+
+    graph = node[name]
+    if not isinstance(graph, onnx.GraphProto):
+        return ()
+    if len(graph.input) != inputs:
+        raise ValueError(
+            f"{node.where}: {name} takes {len(graph.input)} inputs; it must take "
+            + (f"{inputs}" if inputs else "none")
+        )
+    if len(graph.output) != outputs:
+        raise ValueError(
+            f"{node.where}: {name} gives {len(graph.output)} outputs but the node has "
+            f"{node.n_outputs}, so it must give {outputs}"
+        )
+    formal = _formal(graph)
+    if isinstance(node.attrs, dict):
+        node.attrs.setdefault(_FORMAL, {})[name] = formal
+    return formal
+
+
+def _dtype_text(dtype: Any) -> str:
+    from onnx import TensorProto, helper
+
+    return TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(np.dtype(dtype))).lower()
+
+
+def _agree(node: Node, name: str, values: Sequence[Any], first: int = 0) -> None:
+    """Refuses values given to subgraph ``name`` (its inputs from ``first`` on) of another
+    element type, or kind, than the subgraph declares (onnxruntime refuses them too)."""
+    formal = node.attrs.get(_FORMAL, {}).get(name, ())
+    for declared, value in zip(formal[first:], values, strict=False):
+        if isinstance(value, TensorSeq):
+            kind, dtype = "sequence_type", value.elem_dtype
+        elif isinstance(value, NoValue):
+            kind, dtype = "optional_type", None
+        else:
+            kind, dtype = "tensor_type", np.dtype(value.dtype)
+        plain = {declared.kind, kind} <= {"tensor_type", "sequence_type"}
+        wrong_kind = plain and declared.kind != kind
+        wrong_type = (
+            declared.dtype is not None
+            and dtype is not None
+            and _canonical(declared.dtype) != _canonical(dtype)
+        )
+        if wrong_kind or wrong_type:
+            given = "a sequence" if kind == "sequence_type" else "a tensor"
+            given += "" if dtype is None else f" of {_dtype_text(dtype)}"
+            raise ValueError(
+                f"{node.where}: {name} input '{declared.name}' is declared {declared.text} "
+                f"but is given {given}"
+            )
+
+
 # ----------------------------------------------------------------------------- If
 
 
-@register("If")
+def _if_check(node: Node) -> None:
+    """Both branches take no input and give the node's outputs, of the same types."""
+    import onnx
+
+    _signature(node, "then_branch", 0, node.n_outputs)
+    _signature(node, "else_branch", 0, node.n_outputs)
+    then_branch, else_branch = node["then_branch"], node["else_branch"]
+    if not isinstance(then_branch, onnx.GraphProto) or not isinstance(else_branch, onnx.GraphProto):
+        return
+    pairs = zip(then_branch.output, else_branch.output, strict=True)
+    for position, (a, b) in enumerate(pairs):
+        left, right = type_text(a.type), type_text(b.type)
+        if left is not None and right is not None and left != right:
+            raise ValueError(
+                f"{node.where}: output {position} is declared {left} in then_branch "
+                f"('{a.name}') but {right} in else_branch ('{b.name}'); the branches must agree"
+            )
+
+
+@register("If", check=_if_check)
 def _if(node: Node, cond: Any) -> Any:
     then_branch, else_branch = node["then_branch"], node["else_branch"]
     if np.size(cond) != 1:
@@ -205,10 +323,25 @@ def _constant_true(body: _Body) -> bool:
     return value is not None and not isinstance(value, jax.core.Tracer) and bool(np.all(value))
 
 
-@register("Loop", prefer_static=(0, 1))
+def _loop_check(node: Node) -> None:
+    """The body takes the iteration number (int64), the condition (bool) and the carried
+    values, and gives the condition, the carried values and the node's scan outputs."""
+    formal = _signature(node, "body", len(node.inputs), node.n_outputs + 1)
+    for declared, dtype in zip(formal, (np.int64, np.bool_), strict=False):
+        if declared.kind not in (None, "tensor_type") or (
+            declared.dtype is not None and declared.dtype != dtype
+        ):
+            raise ValueError(
+                f"{node.where}: body input '{declared.name}' is declared {declared.text} but "
+                f"is given a tensor of {_dtype_text(dtype)}"
+            )
+
+
+@register("Loop", check=_loop_check, prefer_static=(0, 1))
 def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -> Any:
     body = node["body"]
     n = len(carried)
+    _agree(node, "body", carried, 2)
     k = len(body.output_names) - 1 - n
     if len(body.input_names) != 2 + n or k < 0:
         raise ValueError(
@@ -423,7 +556,13 @@ def _scan_axis(node: Node, name: str, axis: int, rank: int) -> int:
     return axis % rank
 
 
-@register("Scan")
+def _scan_check(node: Node) -> None:
+    """The body takes the node's inputs (opset 8: less sequence_lens), gives its outputs."""
+    inputs = len(node.inputs) - (1 if node.opset < 9 else 0)
+    _signature(node, "body", inputs, node.n_outputs)
+
+
+@register("Scan", check=_scan_check)
 def _scan(node: Node, *inputs: Any) -> Any:
     body = node["body"]
     m = int(node["num_scan_inputs"])
@@ -496,6 +635,7 @@ def _scan_core(
     """The final states, the scan outputs stacked along axis 0 and the checks per step."""
     if any(d not in (0, 1) for d in (*in_dirs, *out_dirs)):
         raise ValueError(f"{node.where}: scan directions must be 0 (forward) or 1 (reverse)")
+    _agree(node, "body", [*states, *scanned])
     n = len(states)
     states = tuple(jnp.asarray(v, _canonical(v.dtype)) for v in states)
     xs = []

@@ -341,7 +341,14 @@ def _concat_from_sequence(node: Node, seq: Any) -> Any:
     return xp.stack(seq, axis) if stack else xp.concatenate(seq, axis)
 
 
-@register("SequenceMap")
+def _sequence_map_check(node: Node) -> None:
+    """The body takes the node's inputs and gives its outputs (as onnxruntime)."""
+    from onnx_optax._src.ops.control_flow import _signature
+
+    _signature(node, "body", len(node.inputs), node.n_outputs)
+
+
+@register("SequenceMap", check=_sequence_map_check)
 def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     """``body`` applied to each position i of the sequences (tensors given whole), each
     output collected into a sequence.
@@ -349,10 +356,22 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     The body runs once per element while tracing (the elements may differ in
     shape); those runs count against ``limits=Limits(traced_nodes=...)``.
     """
-    from onnx_optax._src.ops.control_flow import spend_unrolled
+    from onnx_optax._src.ops.control_flow import _agree, spend_unrolled
 
     body = node["body"]
     inputs = (_sequence(node, seq), *others)
+    # what the body is given: a sequence's elements (an empty one of its dtype stands for
+    # them; an empty optional where that is not known), a tensor as it is
+    _agree(
+        node,
+        "body",
+        [
+            (NoValue() if v.elem_dtype is None else np.zeros(0, v.elem_dtype))
+            if isinstance(v, TensorSeq)
+            else v
+            for v in inputs
+        ],
+    )
     if len(body.input_names) != len(inputs):
         raise ValueError(
             f"{node.where}: its body takes {len(body.input_names)} inputs, given {len(inputs)}"
