@@ -938,6 +938,13 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         r"an inverse one-sided DFT takes a complex input \(a last axis of 2\), got shape "
         r"\[1, 8, 1\]",
     ),
+    "GatherElements indices longer than data off the axis": (
+        "GatherElements",
+        [np.ones((2, 3), np.float32), np.zeros((3, 3), np.int64)],
+        {"axis": 1},
+        21,
+        r"indices of shape \[3, 3\] are longer than data \[2, 3\] off axis 1",
+    ),
 }
 
 

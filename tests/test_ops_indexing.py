@@ -124,6 +124,18 @@ def test_scatter_nd_reductions(reduction: str, depth: int) -> None:
     )
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_with_indices_smaller_than_data_off_the_axis(axis: int) -> None:
+    """Indices shorter than data on the other axes read data's leading part there; the
+    output has the indices' shape (issue 33: on b45a389 the indices were broadcast to data's
+    shape, a result of data's shape)."""
+    data = RNG.standard_normal((4, 5, 6)).astype(np.float32)
+    shape = [2, 3, 4]
+    shape[axis] = 7  # longer than data along the axis itself: allowed
+    indices = RNG.integers(-data.shape[axis], data.shape[axis], shape).astype(np.int64)
+    compare("GatherElements", {"data": data, "indices": indices}, axis=axis)
+
+
 @pytest.mark.parametrize("batch_dims", [0, 1, 2])
 def test_gather_nd_batch_dims_and_negative_indices(batch_dims: int) -> None:
     data = RNG.standard_normal((3, 4, 5, 2)).astype(np.float32)

@@ -299,8 +299,16 @@ def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
             f"{node.where}: indices of shape {list(np.shape(indices))} do not match the rank of "
             f"data {list(np.shape(x))}"
         )
-    check_size(node, np.shape(indices), x.dtype)
-    indices = _checked_indices(node, indices, np.shape(x)[axis], "indices")
+    shape, ishape = np.shape(x), np.shape(indices)
+    if any(i > d for a, (i, d) in enumerate(zip(ishape, shape, strict=True)) if a != axis):
+        raise ValueError(
+            f"{node.where}: indices of shape {list(ishape)} are longer than data {list(shape)} "
+            f"off axis {axis}"
+        )
+    check_size(node, ishape, x.dtype)
+    indices = _checked_indices(node, indices, shape[axis], "indices")
+    # off the axis, indices shorter than data read its leading part (never broadcast)
+    x = x[tuple(slice(None) if a == axis else slice(0, i) for a, i in enumerate(ishape))]
     return jnp.take_along_axis(x, indices, axis=axis, mode="clip")
 
 
