@@ -472,9 +472,16 @@ def _check(args: argparse.Namespace) -> int:
         problems = training.check(model)
     except (TypeError, ValueError, NotImplementedError) as error:
         raise UsageError(f"{args.model}: {error}") from None
-    blocking = [p for p in problems if p.blocking]
+    from onnx_optax._src.trainer import _saved_position
+
+    blocking: list[object] = [p for p in problems if p.blocking]
     for problem in problems:  # one problem a line, whatever names the model holds
         print(one_line(str(problem) if problem.blocking else f"warning: {problem}"))
+    try:  # where a train stopped, as train reads it
+        _saved_position(model, args.model)
+    except UsageError as error:
+        print(one_line(str(error)))
+        blocking.append(error)
     if blocking:
         print(f"{args.model}: {len(blocking)} problem(s)", file=sys.stderr)
         return EXIT_FAILED

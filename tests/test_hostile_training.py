@@ -579,3 +579,62 @@ def test_one_line_escapes_control_characters_and_bounds_the_length() -> None:
     assert cli.one_line("a\nb\x00c\td") == "a\\nb\\x00c\\td"
     long = cli.one_line("x" * 10**6)
     assert len(long) < 2_100 and "characters" in long and "\n" not in long
+
+
+def test_check_reports_a_saved_position_train_would_refuse(
+    saved: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check reads the model's metadata as train does: a bad position is a problem (exit 1)."""
+    assert cli.main(["check", str(saved / "s.onnx")]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [f"{saved / 's.onnx'}: ok"]
+    _train_on(saved, tmp_path, capsys, _edited(saved, start=10**9), "--steps", "1")
+    assert cli.main(["check", str(tmp_path / "r.onnx")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == [
+        f"{tmp_path / 'r.onnx'}: metadata '{POSITION}' (where a train stopped): field 'start': "
+        "1000000000 is not below the 8 rows (field 'rows')"
+    ]
+    assert captured.err.strip() == f"{tmp_path / 'r.onnx'}: 1 problem(s)"
+
+
+def test_a_learning_rate_that_cannot_be_computed_mid_run_leaves_the_column(
+    saved: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R read from the model as an empty tensor (IndexError) or a string: a note, no column."""
+    from onnx_optax.training import _metrics
+
+    def empty(value: object) -> float:
+        return float(np.asarray(value).reshape(-1)[5])
+
+    monkeypatch.setattr(_metrics, "shortest_float", empty)
+    log = tmp_path / "l.jsonl"
+    status, lines = _train_on(
+        saved, tmp_path, capsys, _edited(saved), "--steps", "2", "--log", str(log)
+    )
+    assert status == 0, lines
+    assert lines[0].startswith("note: the log has no learning_rate from here: index 5"), lines
+    assert "learning_rate" not in log.read_text()
+
+
+@pytest.mark.parametrize("reader", ["learning_rate", "class_scores"])
+def test_what_the_loop_reads_from_the_model_failing_is_a_note(
+    saved: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    reader: str,
+) -> None:
+    """R and the class scores are read from a stranger's model: an error there is why not."""
+    from onnx_optax.training import _metrics
+
+    def fail(model: object) -> None:
+        raise KeyError("a Cast to 9999")
+
+    monkeypatch.setattr(_metrics, reader, fail)
+    args = ["--steps", "2", "--val-data", str(saved / "d.npz"), "--log", str(tmp_path / "l.csv")]
+    status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), *args)
+    assert status == 0, lines
+    assert any("cannot be read from the model: 'a Cast to 9999'" in line for line in lines), lines
