@@ -945,6 +945,13 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         21,
         r"indices of shape \[3, 3\] are longer than data \[2, 3\] off axis 1",
     ),
+    "DepthToSpace mode 'crd'": (
+        "DepthToSpace",
+        [np.ones((1, 4, 2, 2), np.float32)],
+        {"blocksize": 2, "mode": "crd"},
+        21,
+        r"mode 'crd' must be 'DCR' or 'CRD'",
+    ),
 }
 
 

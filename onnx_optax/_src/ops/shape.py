@@ -441,7 +441,10 @@ def _depth_to_space(node: Node, x: Any) -> Any:
     b, n, c, h, w = _blocks(node, x)
     if c % (b * b):
         raise ValueError(f"{node.where}: {c} channels do not divide into blocks of {b}x{b}")
-    if node.get("mode", "DCR") == "DCR":
+    mode = node.get("mode", "DCR")
+    if mode not in ("DCR", "CRD"):  # onnxruntime refuses any other
+        raise ValueError(f"{node.where}: mode {mode!r} must be 'DCR' or 'CRD'")
+    if mode == "DCR":
         y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
     else:
         y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
