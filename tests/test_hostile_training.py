@@ -638,3 +638,24 @@ def test_what_the_loop_reads_from_the_model_failing_is_a_note(
     status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), *args)
     assert status == 0, lines
     assert any("cannot be read from the model: 'a Cast to 9999'" in line for line in lines), lines
+
+
+def test_an_unforeseen_error_mid_run_keeps_the_steps_before_it(
+    saved: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from onnx_optax._src import trainer
+
+    report = trainer.Loop._report
+
+    def fail_second(self: trainer.Loop, step: int, outputs: object) -> None:
+        if step == 3:
+            raise RuntimeError("out of device memory")
+        report(self, step, outputs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trainer.Loop, "_report", fail_second)
+    status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), "--steps", "5")
+    _refused(status, lines, "unexpected RuntimeError", "out of device memory", "after step 2")
+    assert training.Session(tmp_path / "o.onnx").initializers["T"] == 4  # Adam counts from 1

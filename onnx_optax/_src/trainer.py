@@ -37,6 +37,7 @@ from onnx_optax.cli import (
     UsageError,
     _read_model,
     _training,
+    _unforeseen,
     _write_model,
     one_line,
 )
@@ -849,12 +850,13 @@ class Loop:
                 self._report(p.step, outputs)
                 if a.save_every and p.step % a.save_every == 0 and p.step < p.goal:
                     self.save(interrupt)
-        except UsageError as error:
+        except Exception as error:  # a usage error, or one no check foresaw
             if p.step == self.first_step or isinstance(error, SaveError):
                 raise
             self.save(interrupt)  # keep what the steps before the error did
+            said = error if isinstance(error, UsageError) else _unforeseen(error)
             raise UsageError(
-                f"{error} (the state after step {p.step - p.run_start} of the run is saved in "
+                f"{said} (the state after step {p.step - p.run_start} of the run is saved in "
                 f"{a.output}; a train on it resumes there)"
             ) from None
         self.save(interrupt)
