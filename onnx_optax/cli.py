@@ -4,9 +4,11 @@
 Exit status: 0 success (every conformance case passes), 1 a check failed (a
 conformance case, a training model's problems), 2 a usage error (a file that
 cannot be read, a model the command cannot read or check, data that do not fit
-the model) or a missing optional dependency, 128 + the signal after an
-interrupt (130 for Ctrl-C; ``train`` saves first). With no command,
-``onnx-optax`` prints its help and exits 2.
+the model, a position or log ``train`` did not write) or a missing optional
+dependency, 128 + the signal after an interrupt (130 for Ctrl-C; ``train``
+saves first). With no command, ``onnx-optax`` prints its help and exits 2.
+Every error is one line on stderr, never a traceback: an exception no check
+foresaw is exit 2 too, its line naming its type and where it was raised.
 """
 
 from __future__ import annotations
@@ -893,8 +895,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``attach``, ``check``, ``train``.
 
     Returns the process exit status: 0 success, 1 a check failed, 2 a usage error
-    or a missing optional dependency (the message says which extra to install).
-    ``onnx-optax COMMAND --help`` explains each command's options.
+    or a missing optional dependency (the message says which extra to install),
+    or any other exception of the command (one line, never a traceback), 130
+    after Ctrl-C. ``onnx-optax COMMAND --help`` explains each command's options.
     """
     parser = build_parser()
     args = parser.parse_args(argv)

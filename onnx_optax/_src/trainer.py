@@ -7,6 +7,12 @@ sequence of batches: an interrupted run, resumed with the same options, ends
 bit-identical to one that never stopped. Every file goes through
 :mod:`onnx_optax._src.write` (a new file renamed into place), so an interrupt
 never leaves half a model, log or plot.
+
+What ``train`` reads back from its own files (the position in a model, the
+log of an interrupted run) may come from a stranger as much as the model: each
+is read bounded (its size, its lines, its nesting), every field is checked
+where it is read, and a position or a log that ``train`` did not write is a
+usage error naming the file, the line and the field.
 """
 
 from __future__ import annotations
