@@ -4,7 +4,10 @@ Every tensor a graph carries (initializers, Constant ``value``, ConstantOfShape
 ``value``, any other tensor attribute) is read by :func:`read_tensor`, the one
 place that turns a ``TensorProto`` into an array. It refuses external data (not
 loaded here), checks the byte count of ``raw_data`` against ``dims`` and the
-data type before converting, and refuses types XLA does not run.
+data type before converting, or else the field of the type (``int32_data`` for
+the small and packed types): exactly the entries the dims need, none in another
+field, and no float type's entry beyond its bits, as onnxruntime requires. It
+refuses types XLA does not run.
 
 Host values stay numpy while a graph is traced (shape arithmetic in int64 is
 exact); :func:`refuse_narrowing` is the one check made where such a value
@@ -35,6 +38,11 @@ STRINGS_ADVICE = (
 )
 # Types packed below one byte per element in raw_data: bits per element.
 _PACKED_BITS = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2}
+# The fields a TensorProto may keep its values in, besides raw_data.
+_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+# Float types kept in int32_data as their bits: how many bits an entry may hold (a packed
+# FLOAT4E2M1 entry is a byte of two). onnxruntime refuses more ("data overflow").
+_FLOAT_BITS = {"FLOAT16": 16, "BFLOAT16": 16, "FLOAT4E2M1": 8}
 
 
 # The dtypes of the element types seen so far (a model has thousands of tensors, few types).
@@ -104,6 +112,46 @@ def raw_byte_count(data_type: int, count: int, dtype: np.dtype) -> int:
     return (count * bits + 7) // 8
 
 
+def _check_field(tensor: Any, label: str, dims: tuple[int, ...], dtype: np.dtype) -> None:
+    """The values kept outside raw_data: in the field of the tensor's type, exactly as many
+    entries as the dims need (packed types: a byte an entry), each within the type's bits.
+
+    onnxruntime refuses the same ("data field count does not match", "data overflow").
+    """
+    import onnx
+    from onnx import helper
+
+    name = onnx.TensorProto.DataType.Name(tensor.data_type)
+    field = helper.tensor_dtype_to_field(tensor.data_type)
+    stray = next((f for f in _FIELDS if f != field and len(getattr(tensor, f))), None)
+    if stray is not None:
+        raise ValueError(
+            f"{label}: holds its values in {stray}; a {name} tensor keeps them in {field} "
+            "(or raw_data)"
+        )
+    count = math.prod(dims)
+    if name in _PACKED_BITS:
+        expected = raw_byte_count(tensor.data_type, count, dtype)
+        how = f" ({8 // _PACKED_BITS[name]} values to an entry)"
+    else:
+        expected, how = count * (2 if name.startswith("COMPLEX") else 1), ""
+    entries = getattr(tensor, field)
+    if len(entries) != expected:
+        raise ValueError(
+            f"{label}: {field} holds {len(entries)} entries, but dims {list(dims)} of {name} "
+            f"need {expected}{how}"
+        )
+    bits = _FLOAT_BITS.get(name, 8 if name.startswith("FLOAT8") else 0)
+    if bits and expected:
+        values = np.asarray(entries, np.int64)
+        outside = values[(values < 0) | (values >= 2**bits)]
+        if outside.size:
+            raise ValueError(
+                f"{label}: int32_data holds {int(outside[0])}, beyond the {bits} bits of "
+                f"{'a byte of ' if name in _PACKED_BITS else 'a '}{name}"
+            )
+
+
 def read_tensor(tensor: Any, where: str) -> np.ndarray:
     """A ``TensorProto`` as a numpy array, checked; ``where`` names its owner in errors."""
     import onnx
@@ -129,6 +177,8 @@ def read_tensor(tensor: Any, where: str) -> np.ndarray:
                 f"{label}: raw_data holds {len(tensor.raw_data)} bytes, but dims {list(dims)} of "
                 f"{dtype} need {expected}"
             )
+    else:
+        _check_field(tensor, label, dims, dtype)
     try:
         array = np.asarray(numpy_helper.to_array(tensor))
     except (ValueError, TypeError) as error:
