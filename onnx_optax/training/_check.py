@@ -101,8 +101,14 @@ class _Model:
         return self._kinds
 
 
-def _entry_problems(context: _Model, index: int, entries: list[Entry]) -> list[str]:
-    """The problems of one entry; its :class:`Entry`, when it builds, appended to ``entries``."""
+def _entry_problems(
+    context: _Model, index: int, entries: list[Entry], *, stand_ins: bool = False
+) -> list[str]:
+    """The problems of one entry; its :class:`Entry`, when it builds, appended to ``entries``.
+
+    ``stand_ins``: an algorithm whose inputs leave a size symbolic is traced on
+    stand-in sizes too (:func:`_stand_in_problems`).
+    """
     model, initializers = context.model, context.initializers
     info = model.training_info[index]
     where = f"training_info[{index}]"
@@ -159,49 +165,141 @@ def _entry_problems(context: _Model, index: int, entries: list[Entry]) -> list[s
     except (TypeError, ValueError, NotImplementedError) as error:
         return [f"{where}: {error}"]
     entries.append(entry)
+    return problems + _traced_problems(where, entry, info, binding, context, stand_ins=stand_ins)
+
+
+def _feed_specs(entry: Entry, size: int | None) -> dict[str, jax.ShapeDtypeStruct] | None:
+    """The algorithm's feeds as declared, each symbolic or unknown size set to ``size``;
+    ``None`` where a feed declares no type or rank, or (``size`` None) a size is not a number.
+    """
     specs = {}
     for value in entry.feeds:
         elem, dims = declared(value)
         if elem == 0 or dims is None:
-            return problems
-        if not all(isinstance(d, int) for d in dims):
-            # A symbolic or unknown size: Session checks the step on its first feeds of
-            # each signature, before any state changes; a stand-in size could fail a
-            # model that runs (a convolution shrinking a small stand-in to nothing).
-            # What the algorithm declares its bound outputs to be is checked here.
-            found = {}
-            for output in algorithm.output:
-                out_elem, out_dims = declared(output)
-                if out_elem and out_dims is not None and all(isinstance(d, int) for d in out_dims):
-                    out_dtype = tensor_dtype(out_elem, f"output '{output.name}'")
-                    found[output.name] = jax.ShapeDtypeStruct(
-                        out_dims, jax.dtypes.canonicalize_dtype(out_dtype)
-                    )
-            return problems + _shape_problems(where, "update_binding", binding, found, initializers)
+            return None
+        if size is None and not all(isinstance(d, int) for d in dims):
+            return None
+        shape = tuple(d if isinstance(d, int) else size for d in dims)
         dtype = tensor_dtype(elem, f"input '{value.name}'")
-        specs[value.name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
-    try:
-        values = jax.eval_shape(
-            lambda s, f: entry.function.apply({**f, **s}, entry.constants, differentiable=False),
-            {n: abstract(state[n]) for n in entry.reads},
-            specs,
-        )
-    except (TypeError, ValueError, NotImplementedError) as error:
-        return [f"{where}: the algorithm does not run on its declared inputs: {error}"]
-    found = dict(zip(entry.outputs, values, strict=True))
-    problems += _shape_problems(where, "update_binding", binding, found, initializers)
-    if len(init_graph.node) or len(init_graph.output):
+        specs[value.name] = jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype))
+    return specs
+
+
+def _trace(entry: Entry, state: Mapping[str, Any], specs: Mapping[str, Any]) -> Any:
+    """The algorithm's outputs, traced on ``specs`` (shapes and dtypes, nothing computed)."""
+    return jax.eval_shape(
+        lambda s, f: entry.function.apply({**f, **s}, entry.constants, differentiable=False),
+        {n: abstract(state[n]) for n in entry.reads},
+        specs,
+    )
+
+
+def _declared_outputs(algorithm: onnx.GraphProto) -> dict[str, jax.ShapeDtypeStruct]:
+    """The algorithm's outputs whose type and every size are declared."""
+    found = {}
+    for output in algorithm.output:
+        elem, dims = declared(output)
+        if elem and dims is not None and all(isinstance(d, int) for d in dims):
+            dtype = tensor_dtype(elem, f"output '{output.name}'")
+            found[output.name] = jax.ShapeDtypeStruct(dims, jax.dtypes.canonicalize_dtype(dtype))
+    return found
+
+
+def _traced_problems(
+    where: str,
+    entry: Entry,
+    info: onnx.TrainingInfoProto,
+    binding: Mapping[str, str],
+    context: _Model,
+    *,
+    stand_ins: bool,
+) -> list[str]:
+    """What tracing the algorithm and the initialization graph finds.
+
+    With every input's size declared, the algorithm is traced on those sizes and
+    its bound outputs' shapes are checked against the initializers'. With a
+    symbolic or unknown size, :class:`Session` checks each feed signature before
+    its first step, and what the algorithm declares of its bound outputs is
+    checked here; ``stand_ins`` (:func:`check`) also traces it on stand-in sizes
+    (:func:`_stand_in_problems`).
+    """
+    model, initializers = context.model, context.initializers
+    specs = _feed_specs(entry, None)
+    problems: list[str] = []
+    if specs is None:
+        if stand_ins:
+            problems += _stand_in_problems(where, entry, context.state)
+        found: Mapping[str, Any] = _declared_outputs(info.algorithm)
+    else:
         try:
-            init_fn = GraphFunction(init_graph, opsets=opsets(model), check_shapes=False)
-            shapes = jax.eval_shape(lambda: init_fn.apply({}))
+            values = _trace(entry, context.state, specs)
         except (TypeError, ValueError, NotImplementedError) as error:
-            return [*problems, f"{where}: the initialization graph does not run: {error}"]
-        init_binding = {e.key: e.value for e in info.initialization_binding}
-        found = dict(zip(init_fn.output_names, shapes, strict=True))
-        problems += _shape_problems(
-            where, "initialization_binding", init_binding, found, initializers
+            return [f"{where}: the algorithm does not run on its declared inputs: {error}"]
+        found = dict(zip(entry.outputs, values, strict=True))
+    problems += _shape_problems(where, "update_binding", binding, found, initializers)
+    if specs is None and not stand_ins:
+        return problems
+    return problems + _initialization_problems(where, info, model, initializers)
+
+
+# Sizes a symbolic or unknown input size stands for when check() traces an algorithm
+# whose inputs do not declare every size: one a batch of 1 needs, one most sequences and
+# feature maps pass, one a full-size image needs (every symbolic size set to each in turn).
+STAND_IN_SIZES = (32, 1, 224)
+
+
+def _stand_in_problems(where: str, entry: Entry, state: Mapping[str, Any]) -> list[str]:
+    """The algorithm traced with every symbolic or unknown size set to each stand-in.
+
+    One stand-in that traces is enough: the step may run at the sizes it is fed.
+    An error raised alike at every stand-in does not depend on the sizes (an
+    attribute the op refuses, say) and blocks, as the first step would raise it;
+    errors that differ are a warning, naming the first.
+    """
+    errors: list[str] = []
+    for size in STAND_IN_SIZES:
+        specs = _feed_specs(entry, size)
+        if specs is None:
+            return []
+        try:
+            _trace(entry, state, specs)
+        except (TypeError, ValueError, NotImplementedError) as error:
+            errors.append(str(error))
+        else:
+            return []
+    sizes = ", ".join(map(str, STAND_IN_SIZES))
+    if len(set(errors)) == 1:
+        return [
+            Problem(
+                f"{where}: the algorithm does not run on its declared inputs (every symbolic "
+                f"size set to {sizes} in turn, each time): {errors[0]}"
+            )
+        ]
+    return [
+        Problem(
+            f"{where}: the algorithm did not trace with every symbolic size set to any of "
+            f"{sizes}; the step may still run at the sizes it is fed. With "
+            f"{STAND_IN_SIZES[0]}: {errors[0]}",
+            blocking=False,
         )
-    return problems
+    ]
+
+
+def _initialization_problems(
+    where: str, info: onnx.TrainingInfoProto, model: onnx.ModelProto, initializers: Any
+) -> list[str]:
+    """The initialization graph traced, its bound outputs' shapes against the initializers'."""
+    init_graph = info.initialization
+    if not (len(init_graph.node) or len(init_graph.output)):
+        return []
+    try:
+        init_fn = GraphFunction(init_graph, opsets=opsets(model), check_shapes=False)
+        shapes = jax.eval_shape(lambda: init_fn.apply({}))
+    except (TypeError, ValueError, NotImplementedError) as error:
+        return [f"{where}: the initialization graph does not run: {error}"]
+    init_binding = {e.key: e.value for e in info.initialization_binding}
+    found = dict(zip(init_fn.output_names, shapes, strict=True))
+    return _shape_problems(where, "initialization_binding", init_binding, found, initializers)
 
 
 class Problem(str):
@@ -362,15 +460,18 @@ def check(model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> list[Probl
     Gradient ``xs`` are initializers or inputs, none of them a running
     statistic, a shape or an integer tensor, and ``y`` names a tensor; each
     optimizer node's parameters and state stored as initializers are bound to
-    its outputs and a stored T (an int64 scalar) to T + 1; when every input's
-    size is declared, the algorithm traces on them (with symbolic or unknown
-    sizes, :class:`Session` checks each feed signature before its first step).
+    its outputs and a stored T (an int64 scalar) to T + 1; the algorithm traces
+    as the first step would, so every error the step raises while tracing is
+    found here: on the declared sizes, or, where an input leaves a size symbolic
+    or unknown, on stand-in sizes (each such size set to 32, 1 and 224 in turn;
+    an error raised at every one alike blocks, while errors that differ by size
+    are a warning: the step may run at the sizes it is fed).
     Warnings (``problem.blocking`` False): ``xs`` holding what :func:`plan`
     does not call a weight (an exporter constant, a hyperparameter, input
     preprocessing, a non-finite tensor) or a weight ``y`` does not depend on.
     Each message names the entry and the node or binding.
     """
-    return checked_entries(as_model(model)).problems
+    return checked_entries(as_model(model), stand_ins=True).problems
 
 
 class Checked(NamedTuple):
@@ -381,8 +482,12 @@ class Checked(NamedTuple):
     initializers: dict[str, np.ndarray]  # the main graph's, read once
 
 
-def checked_entries(model: onnx.ModelProto) -> Checked:
+def checked_entries(model: onnx.ModelProto, *, stand_ins: bool = False) -> Checked:
     """:func:`check` of a loaded model, with the entries it built and the initializers read.
+
+    ``stand_ins`` (what :func:`check` asks): trace algorithms whose inputs leave a size
+    symbolic on stand-in sizes too; :class:`Session` checks each feed signature before its
+    first step instead.
 
     Linear in the model: what every entry reads of the main graph is indexed once.
     """
@@ -398,7 +503,7 @@ def checked_entries(model: onnx.ModelProto) -> Checked:
     problems: list[str] = []
     entries: list[Entry] = []
     for index in range(len(model.training_info)):
-        problems += _entry_problems(context, index, entries)
+        problems += _entry_problems(context, index, entries, stand_ins=stand_ins)
     return Checked(
         [p if isinstance(p, Problem) else Problem(p) for p in problems], entries, initializers
     )
