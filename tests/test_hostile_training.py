@@ -370,6 +370,27 @@ def test_a_saved_position_that_train_did_not_write_is_exit_2_naming_the_field(
     assert not (tmp_path / "o.onnx").exists()
 
 
+COUNTS = ("epoch", "start", "step", "run_start", "goal", "rows", "batch_size", "seed")
+
+
+@pytest.mark.parametrize("field", COUNTS)
+@pytest.mark.parametrize(
+    "value", [-1, 1.5, float("nan"), float("inf"), 2**63, 10**100, "1", None, True, [1], {}]
+)
+def test_every_count_of_the_position_is_an_integer_in_range(
+    saved: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    field: str,
+    value: object,
+) -> None:
+    import json
+
+    text = json.dumps(_edited(saved, **{field: value}))  # null: present, not an integer
+    status, lines = _train_on(saved, tmp_path, capsys, text, "--steps", "1")
+    _refused(status, lines, f"metadata '{POSITION}'", f"field '{field}'")
+
+
 def test_a_position_stored_twice_is_exit_2(
     saved: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
