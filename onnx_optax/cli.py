@@ -40,6 +40,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
 # The most characters of an error message (a stranger's names can be megabytes long).
 MESSAGE_CHARACTERS = 2000
+# Set (to anything but ""), an exception no check foresaw leaves main with its traceback.
+TRACEBACK_VARIABLE = "ONNX_OPTAX_TRACEBACK"
 
 # The benchmark harness lives in the repository, not in the package.
 BENCHMARK = pathlib.Path("benchmarks") / "optimizer_step.py"
@@ -916,6 +918,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except Exception as error:  # what no check foresaw (a bug): still one line, exit 2
+        if os.environ.get(TRACEBACK_VARIABLE):  # for a bug report, and for fuzzers
+            raise
         print(f"onnx-optax {args.command}: {_unforeseen(error)}", file=sys.stderr)
         return EXIT_USAGE
     return result
@@ -938,7 +942,10 @@ def _unforeseen(error: Exception) -> str:
     ours = [f for f in frames if f"{os.sep}onnx_optax{os.sep}" in f.filename] or frames[-1:]
     where = f" at {os.path.basename(ours[-1].filename)}:{ours[-1].lineno}" if ours else ""
     message = one_line(str(error), MESSAGE_CHARACTERS // 2)
-    return f"unexpected {type(error).__name__}{where}: {message} (please report it)"
+    return (
+        f"unexpected {type(error).__name__}{where}: {message} (please report it; "
+        f"{TRACEBACK_VARIABLE}=1 shows its traceback)"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -575,9 +575,14 @@ def test_whatever_a_command_raises_is_exit_2_and_one_line(
         raise error
 
     monkeypatch.setattr(trainer.Loop, "_epoch", fail)
+    monkeypatch.delenv(cli.TRACEBACK_VARIABLE, raising=False)
     status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), "--steps", "1")
     _refused(status, lines, f"unexpected {type(error).__name__}", "trainer.py:")
-    assert "Traceback" not in lines[0]
+    assert "Traceback" not in lines[0] and f"{cli.TRACEBACK_VARIABLE}=1 shows" in lines[0]
+    # For a bug report (and a fuzzer): the exception itself, with its traceback.
+    monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")
+    with pytest.raises(type(error)):
+        _train_on(saved, tmp_path, capsys, _edited(saved), "--steps", "1")
 
 
 def test_an_interrupt_keeps_its_exit_status(
@@ -677,6 +682,7 @@ def test_an_unforeseen_error_mid_run_keeps_the_steps_before_it(
         report(self, step, outputs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(trainer.Loop, "_report", fail_second)
+    monkeypatch.delenv(cli.TRACEBACK_VARIABLE, raising=False)
     status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), "--steps", "5")
     _refused(status, lines, "unexpected RuntimeError", "out of device memory", "after step 2")
     assert training.Session(tmp_path / "o.onnx").initializers["T"] == 4  # Adam counts from 1

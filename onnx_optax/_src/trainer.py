@@ -40,6 +40,7 @@ from onnx_optax._src.write import write_file
 from onnx_optax.cli import (
     EXIT_FAILED,
     EXIT_OK,
+    TRACEBACK_VARIABLE,
     UsageError,
     _read_model,
     _training,
@@ -860,6 +861,8 @@ class Loop:
             if p.step == self.first_step or isinstance(error, SaveError):
                 raise
             self.save(interrupt)  # keep what the steps before the error did
+            if not isinstance(error, UsageError) and os.environ.get(TRACEBACK_VARIABLE):
+                raise
             said = error if isinstance(error, UsageError) else _unforeseen(error)
             raise UsageError(
                 f"{said} (the state after step {p.step - p.run_start} of the run is saved in "
