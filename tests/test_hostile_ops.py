@@ -978,3 +978,22 @@ def test_what_onnxruntime_refuses_is_a_value_error_naming_the_node(case: str, fe
     _refused_by_onnxruntime(model, feeds)
     with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.{op}\): {message}"):
         _ours(model, feeds)
+
+
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])
+@pytest.mark.parametrize(("training", "outputs"), [(1, 1), (0, 3)])
+def test_batch_normalization_outputs_must_fit_its_training_mode(
+    training: int, outputs: int, fed: bool
+) -> None:
+    """Opset 14 on: training_mode 1 has 3 outputs, 0 one (onnx's shape inference, which
+    onnxruntime runs); on 7e22678 the first was a result, the second an AttributeError."""
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 4, 3)
+    inputs = [x, *[np.ones(4, np.float32)] * 4]
+    model, feeds = _one_node("BatchNormalization", inputs, {"training_mode": training}, 15, fed)
+    for k in range(1, outputs):
+        model.graph.node[-1].output.append(f"y{k}")
+        model.graph.output.append(_vi(f"y{k}", F32, [4]))
+    _refused_by_onnxruntime(model, feeds)
+    message = rf"training_mode {training} needs {3 if training else 1} output"
+    with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.BatchNormalization\): {message}"):
+        _ours(model, feeds)

@@ -57,6 +57,12 @@ def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) 
     eps = node["epsilon"]
     if node.opset >= 14:
         training = bool(node.get("training_mode", 0))
+        needs = 3 if training else 1  # onnx's shape inference, run by onnxruntime, checks it
+        if node.n_outputs != needs:
+            raise ValueError(
+                f"{node.where}: training_mode {int(node.get('training_mode', 0))} needs {needs} "
+                f"output{'s' if needs > 1 else ''}, the node has {node.n_outputs}"
+            )
     else:  # before opset 14, asking for the statistics outputs meant training
         training = node.n_outputs > 1 and not node.get("is_test", 0)
     outputs: tuple[Any, ...] = ()
