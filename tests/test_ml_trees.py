@@ -447,15 +447,21 @@ def test_label_encoder_refusals() -> None:
     )
     with pytest.raises(ValueError, match=r"encoder.*one length"):
         backend.prepare(unequal)
+
+
+@pytest.mark.parametrize(
+    ("x", "keys"),
+    [(LABEL_X_INT, {"keys_int64s": [3, 0, 3]}), (LABEL_X_FLOAT, {"keys_floats": [1.5, 7.0, 1.5]})],
+    ids=["int64", "float"],
+)
+def test_label_encoder_repeated_key_maps_to_its_first_value_as_onnxruntime(
+    x: np.ndarray, keys: dict[str, list[Any]]
+) -> None:
+    """onnxruntime keeps a repeated key's first value (its map keeps the first insert)."""
     repeated = _one_node(
-        "LabelEncoder",
-        LABEL_X_INT,
-        TensorProto.FLOAT,
-        keys_int64s=[1, 1],
-        values_floats=[1.0, 2.0],
+        "LabelEncoder", x, TensorProto.FLOAT, values_floats=[1.0, 2.0, 3.0], **keys
     )
-    with pytest.raises(ValueError, match=r"encoder.*repeat"):
-        backend.prepare(repeated)
+    _as_onnxruntime(repeated, x)
 
 
 @pytest.mark.parametrize("per_feature", [False, True])

@@ -374,6 +374,42 @@ def test_array_feature_extractor_of_no_index_is_refused() -> None:
         backend.prepare(afe_model()).run(feeds)
 
 
+def test_binarizer_of_a_nan_fails_after_the_run_as_in_onnxruntime() -> None:
+    """onnxruntime: "Input data with index: 1 is NaN"; never a 0 for it."""
+    model = node_model(ml_node("Binarizer", ["X"], ["Y"]), [("X", F32, 1)], [("Y", F32, 1)])
+    x = np.array([1.5, np.nan, 0.5], np.float32)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="is NaN"):
+        onnxruntime_outputs(model, {"X": x})
+    with pytest.raises(ValueError, match=r"node 'n' \(ai.onnx.ml.Binarizer\): input X holds nan"):
+        backend.prepare(model).run({"X": x})
+    (y,) = backend.prepare(model).run({"X": np.array([1.5, np.inf, -0.5], np.float32)})
+    np.testing.assert_array_equal(y, [1, 1, 0])
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        ml_node("Scaler", ["X"], ["Y"], scale=[2.0], offset=[1.0]),
+        ml_node("Imputer", ["X"], ["Y"], imputed_value_floats=[2.0]),
+    ],
+    ids=["Scaler", "Imputer"],
+)
+def test_a_scalar_x_is_refused_as_in_onnxruntime(node: onnx.NodeProto) -> None:
+    """onnxruntime: "input has empty dimensions" (Scaler), "Empty input dimensions" (Imputer)."""
+    model = node_model(node, [("X", F32, 0)], [("Y", F32, 0)])
+    x = np.array(0.0, np.float32)
+    with pytest.raises(Exception, match="mpty"):  # onnxruntime's own types
+        onnxruntime_outputs(model, {"X": x})
+    with pytest.raises(ValueError, match=rf"node 'n' .*{node.op_type}\): input X is a scalar"):
+        backend.prepare(model).run({"X": x})
+
+
+def test_one_hot_encoder_repeated_category_marks_its_last_column_as_onnxruntime() -> None:
+    node = ml_node("OneHotEncoder", ["X"], ["Y"], cats_int64s=[1, 2, 1])
+    model = node_model(node, [("X", I64)], [("Y", F32, 3)])
+    assert_as_onnxruntime(model, {"X": np.array([[1, 2], [3, 1]], np.int64)})
+
+
 # ----------------------------------------------------------------------------- refusals
 
 REFUSED: dict[str, tuple[Any, str]] = {

@@ -16,7 +16,12 @@ takes only ``PROBIT`` as its post-transform, and a binary ``LinearClassifier``
 (one coefficient row, two class labels) returns ``[1 - p, p]``. Where
 onnxruntime's result is undefined (``PROBIT`` on that binary case) or it reads
 malformed attributes silently (too many coefficients, intercepts of the wrong
-length), the node is refused instead, by name.
+length), the node is refused instead, by name. What onnxruntime's kernels refuse
+is refused too, naming the node: an ArrayFeatureExtractor index out of range
+or none, a NaN fed to Binarizer (after the run, when only the run knows it), a
+scalar X where features are read along the last axis. Where onnxruntime reads
+repeated keys (LabelEncoder: the first value; OneHotEncoder: the last column),
+so does this module.
 
 Nothing here holds strings: ``classlabels_strings``, a string tensor and
 ``ZipMap`` (a sequence of maps) are refused with what to do instead
@@ -45,7 +50,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
-from onnx_optax._src.ops.arrays import check_at_run, check_size, is_static
+from onnx_optax._src.ops.arrays import _xp, check_at_run, check_size, is_static
 from onnx_optax._src.ops.registry import Node, register
 
 ML_DOMAIN = "ai.onnx.ml"
@@ -73,6 +78,12 @@ def _check_dtype(node: Node, x: Any, name: str, allowed: Sequence[str]) -> None:
             f"{node.where}: input {name} has dtype {np.dtype(x.dtype)}; it must be one of "
             f"{', '.join(allowed)}"
         )
+
+
+def _not_scalar(node: Node, x: Any) -> None:
+    """onnxruntime refuses a scalar X where it reads features along the last axis."""
+    if not np.ndim(x):
+        raise ValueError(f"{node.where}: input X is a scalar; it must have at least one axis")
 
 
 def _rows(node: Node, x: Any) -> Any:
@@ -162,8 +173,7 @@ def _array_feature_extractor(node: Node, x: Any, indices: Any) -> Any:
     _check_dtype(node, x, "X", _FEATURES)
     if not np.issubdtype(np.dtype(indices.dtype), np.integer):
         raise TypeError(f"{node.where}: input Y has dtype {indices.dtype}; it must be int64")
-    if np.ndim(x) == 0:
-        raise ValueError(f"{node.where}: input X is a scalar; it must have at least one axis")
+    _not_scalar(node, x)
     if not np.size(indices):
         raise ValueError(f"{node.where}: input Y is empty; it must hold one index at least")
     width = x.shape[-1]
@@ -193,6 +203,7 @@ def _scaler(node: Node, x: Any) -> Any:
     """``(X - offset) * scale`` per feature (the last axis of ``[N, C]`` or ``[C]``), as float."""
     _scaler_check(node)
     _check_dtype(node, x, "X", _FEATURES)
+    _not_scalar(node, x)
     scale, offset = _floats(node, "scale"), _floats(node, "offset")
     rank = np.ndim(x)
     if scale.size > 1 and (rank not in (1, 2) or x.shape[-1] != scale.size):
@@ -371,12 +382,14 @@ def _linear_classifier(node: Node, x: Any) -> tuple[Any, Any]:
 
 @register("Binarizer", domain=ML_DOMAIN)
 def _binarizer(node: Node, x: Any) -> Any:
-    """``1 if x > threshold else 0``, elementwise, in x's dtype (NaN gives 0).
+    """``1 if x > threshold else 0``, elementwise, in x's dtype (a NaN fails, as in onnxruntime).
 
     For integer X the comparison is exact: ``x > floor(threshold)``.
     """
     _check_dtype(node, x, "X", _FEATURES)
     threshold = float(node["threshold"])
+    if np.dtype(x.dtype).kind == "f":  # onnxruntime refuses a NaN ("is NaN"), never a 0 for it
+        check_at_run(f"{node.where}: input X holds {{}}, which is no number", _xp(x).isnan(x), x)
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.integer):
         info = jnp.iinfo(x.dtype)
@@ -425,9 +438,11 @@ def _label_encoder_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray
             f"{node.where}: needs keys and values of one length, got "
             f"{0 if keys is None else keys.size} and {0 if values is None else values.size}"
         )
+    # a repeated key maps to its first value (onnxruntime's map keeps the first insert)
     nan = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
-    if np.unique(keys[~nan]).size != int((~nan).sum()) or nan.sum() > 1:
-        raise ValueError(f"{node.where}: its keys repeat a value; each key must map once")
+    _, first = np.unique(keys[~nan], return_index=True)
+    kept = np.sort(np.concatenate([np.flatnonzero(~nan)[first], np.flatnonzero(nan)[:1]]))
+    keys, values = keys[kept], values[kept]
     given = node.get("default_tensor")
     if given is not None:
         if np.size(given) != 1:
@@ -505,6 +520,7 @@ def _imputer(node: Node, x: Any) -> Any:
     """
     imputed, replaced = _imputer_values(node)
     _check_dtype(node, x, "X", _FEATURES)
+    _not_scalar(node, x)
     is_float = np.dtype(x.dtype).kind == "f"
     if is_float != (imputed.dtype.kind == "f"):
         raise TypeError(
@@ -553,7 +569,11 @@ def _one_hot_encoder(node: Node, x: Any) -> Any:
     x = jnp.asarray(x)
     values = x.astype(cats.dtype) if np.dtype(x.dtype).kind == "f" else x
     table = jnp.asarray(cats).astype(values.dtype)
-    hits = values[..., None] == table
+    # a repeated category marks only its last column (onnxruntime's map keeps the last)
+    last = {int(c): i for i, c in enumerate(cats)}
+    kept = np.zeros(cats.size, bool)
+    kept[list(last.values())] = True
+    hits = (values[..., None] == table) & kept
     if not int(node["zeros"]):
         unknown = ~jnp.any(hits, axis=-1)
         check_at_run(
