@@ -304,3 +304,167 @@ def test_an_entry_reads_what_its_outputs_name_directly() -> None:
     session.step({"x": X})
     assert session.initializers["T0"] == 1
     np.testing.assert_array_equal(session.initializers["W"], np.ones(SHAPE, np.float32))
+
+
+# ----------------------------------------------------------------------------- each dimension
+
+
+class _Name(str):
+    """A tensor name that counts the work done with it: each hash and each comparison.
+
+    A set or dict looks a name up in about one of each; a list or tuple membership
+    test compares it with the elements in turn, so a test per element of a model's
+    dimension counts the square of its size.
+    """
+
+    work = 0
+
+    def __eq__(self, other: object) -> bool:
+        _Name.work += 1
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        _Name.work += 1
+        return str.__ne__(self, other)
+
+    def __hash__(self) -> int:
+        _Name.work += 1
+        return str.__hash__(self)
+
+
+class _Counted:
+    """A graph proto, or one of its values or nodes, read with counting names (``_Name``).
+
+    Everything else (types, attributes, tensors) is the proto's own.
+    """
+
+    def __init__(self, proto: Any) -> None:
+        self._proto = proto
+
+    def __getattr__(self, field: str) -> Any:
+        value = getattr(self._proto, field)
+        if field == "name":
+            return _Name(value)
+        if field in ("input", "output", "value_info", "node"):
+            return [_Name(v) if isinstance(v, str) else _Counted(v) for v in value]
+        return value
+
+
+def _graph(dimension: str, n: int) -> Any:
+    """A small graph with ``n`` of one dimension: inputs, outputs, initializers, ..."""
+    vi = helper.make_tensor_value_info
+    inputs, outputs = [vi("x", F32, SHAPE)], [vi("y", F32, SHAPE)]
+    nodes, inits, value_info = [helper.make_node("Neg", ["x"], ["y"])], [], []
+    w = [numpy_helper.from_array(np.ones(SHAPE, np.float32), f"w{i}") for i in range(n)]
+    if dimension == "inputs":
+        inputs += [vi(f"u{i}", F32, [1]) for i in range(n)]
+    elif dimension == "outputs":
+        nodes += [helper.make_node("Neg", ["x"], [f"o{i}"]) for i in range(n)]
+        outputs += [vi(f"o{i}", F32, SHAPE) for i in range(n)]
+    elif dimension == "initializers":  # read by nodes, and unread
+        inits = w
+        nodes += [helper.make_node("Add", ["x", f"w{i}"], [f"o{i}"]) for i in range(0, n, 2)]
+        outputs += [vi(f"o{i}", F32, SHAPE) for i in range(0, n, 2)]
+    elif dimension == "initializer inputs":  # graph inputs that are also initializers
+        inits = w
+        inputs += [vi(f"w{i}", F32, SHAPE) for i in range(n)]
+    elif dimension == "value_info":
+        value_info = [vi(f"v{i}", F32, SHAPE) for i in range(n)]
+    elif dimension == "nodes":
+        nodes = [
+            helper.make_node("Neg", ["x" if i == 0 else f"h{i - 1}"], [f"h{i}"]) for i in range(n)
+        ]
+        nodes.append(helper.make_node("Neg", [f"h{n - 1}"], ["y"]))
+    elif dimension == "unread nodes":
+        nodes += [helper.make_node("Neg", ["x"], [f"d{i}"]) for i in range(n)]
+    elif dimension == "node inputs":
+        nodes = [helper.make_node("Sum", ["x"] * n, ["y"])]
+    elif dimension == "subgraphs":  # If nodes, each branch reading x from around it
+        inits = [numpy_helper.from_array(np.asarray(True), "c")]
+        for i in range(n):
+            branches = {
+                f"{branch}_branch": helper.make_graph(
+                    [helper.make_node(op, ["x"], [f"{branch}{i}"])],
+                    f"{branch}{i}",
+                    [],
+                    [vi(f"{branch}{i}", F32, SHAPE)],
+                )
+                for branch, op in (("then", "Neg"), ("else", "Abs"))
+            }
+            nodes.append(helper.make_node("If", ["c"], [f"o{i}"], **branches))
+        outputs += [vi(f"o{i}", F32, SHAPE) for i in range(n)]
+    return helper.make_graph(nodes, "g", inputs, outputs, inits, value_info=value_info)
+
+
+def _work(dimension: str, n: int) -> int:
+    graph = _Counted(_graph(dimension, n))
+    _Name.work = 0
+    graph_module.GraphFunction(graph, check_shapes=False)
+    return _Name.work
+
+
+@pytest.mark.parametrize(
+    "dimension",
+    [
+        "inputs",
+        "outputs",
+        "initializers",
+        "initializer inputs",
+        "value_info",
+        "nodes",
+        "unread nodes",
+        "node inputs",
+        "subgraphs",
+    ],
+)
+def test_a_graph_is_read_in_work_linear_in_each_dimension(dimension: str) -> None:
+    """Twice the inputs (outputs, ...) take about twice the hashes and comparisons of
+    names, not four times. Each graph input was looked up in the tuple of all of them
+    (10**6 inputs: an hour of prepare); each node with subgraphs copied every name of
+    its graph into their scope."""
+    small, large = _work(dimension, 500), _work(dimension, 1000)
+    assert large <= 2.3 * small, (small, large)
+
+
+def _inputs_model(n: int) -> onnx.ModelProto:
+    """x and ``n`` more inputs of unknown size (prepare traces nothing)."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi("x", F32, SHAPE)] + [vi(f"u{i}", F32, ["N"]) for i in range(n)]
+    nodes = [helper.make_node("Neg", ["x"], ["y"])]
+    return _model(nodes, inputs, [vi("y", F32, SHAPE)], [])
+
+
+def test_feeds_are_checked_in_work_linear_in_their_number() -> None:
+    """Each unknown feed was looked up in the tuple of the graph's inputs."""
+
+    def work(n: int) -> int:
+        rep = backend.prepare(_inputs_model(n))
+        feeds: dict[str, Any] = {_Name(f"u{i}"): X for i in range(n)}
+        feeds.update({_Name(f"q{i}"): X for i in range(n)})
+        feeds[_Name("x")] = X
+        _Name.work = 0
+        with pytest.raises(ValueError, match=r"unknown input\(s\)"):
+            rep.run(feeds)
+        return _Name.work
+
+    small, large = work(1000), work(2000)
+    assert large <= 2.3 * small, (small, large)
+
+
+def test_errors_about_many_inputs_say_how_many_and_name_a_few() -> None:
+    """A run missing 20,000 inputs said every name, twice (the 1.9 MB message of 10**6)."""
+    rep = backend.prepare(_inputs_model(20_000))
+    with pytest.raises(ValueError) as missing:
+        rep.run({"x": X})
+    message = str(missing.value)
+    assert len(message) < 400, len(message)
+    assert "missing input(s) 20,000 names, the first 5: ['u0', 'u1', 'u2', 'u3', 'u4']" in message
+    assert "the graph takes 20,001 names, the first 5: ['x', 'u0'," in message
+    with pytest.raises(ValueError) as unknown:
+        rep.run({**{f"u{i}": X for i in range(20_000)}, "x": X, **{f"q{i}": X for i in range(9)}})
+    message = str(unknown.value)
+    assert len(message) < 400, len(message)
+    assert "unknown input(s) 9 names, the first 5: ['q0', 'q1', 'q2', 'q3', 'q4']" in message
+    with pytest.raises(ValueError) as count:
+        rep.run([X] * 3)
+    assert len(str(count.value)) < 400

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import gc
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -57,6 +57,7 @@ from onnx_optax._src.onnx_nodes import (
     OptimizerNode,
     UnsupportedOperatorError,
     describe,
+    listed,
     read_node,
 )
 from onnx_optax._src.onnx_tensors import (
@@ -1088,6 +1089,16 @@ def _declared(name: str, out: Any, dtype: np.dtype | None) -> Any:
     )
 
 
+class _Defined:
+    """The names a graph defines, its enclosing graphs' included: a subgraph's scope."""
+
+    def __init__(self, graph: GraphFunction) -> None:
+        self.graph = graph
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.graph.defines(name)
+
+
 class GraphFunction:
     """An ONNX graph as one jitted function of its graph inputs (initializers excluded).
 
@@ -1114,7 +1125,7 @@ class GraphFunction:
         max_bytes: int = MAX_TENSOR_BYTES,
         max_traced_nodes: int = MAX_TRACED_NODES,
         check_shapes: bool = True,
-        scope: frozenset[str] = frozenset(),
+        scope: Container[str] = frozenset(),
         depth: int = 0,
     ) -> None:
         self.name = graph.name
@@ -1134,14 +1145,17 @@ class GraphFunction:
         # onnxruntime; here a feed naming one is refused (see __call__), never ignored.
         self._initializer_inputs = frozenset(i.name for i in graph.input) & initializers.keys()
         self.output_names = tuple(outputs or (o.name for o in graph.output))
-        self._available = {*self.input_names, *outer, *initializers, *scope}
+        self._available = {*self.input_names, *outer, *initializers}
+        # The enclosing graphs' names: looked up there, never copied (a copy for each
+        # subgraph grew with the enclosing graph's names times its subgraphs).
+        self._scope = scope
         self._nodes = list(graph.node)
         self._producer: dict[str, int] = {}
         for index, node in enumerate(self._nodes):
             for name in node.output:
                 if not name:
                     continue
-                if name in self._producer or name in self._available:
+                if name in self._producer or name in self._available or name in scope:
                     raise ValueError(f"{describe(node)}: output '{name}' is already defined")
                 self._producer[name] = index
         self._steps: dict[int, _Step] = {}
@@ -1156,10 +1170,11 @@ class GraphFunction:
             if _tensor_type(o.type).elem_type
         }
         # Graph inputs of sequence or optional type, fed as lists or None (see _feed).
+        self._inputs = frozenset(self.input_names)  # membership: a set, not the tuple
         self.value_types = {
             i.name: i.type
             for i in graph.input
-            if i.name in self.input_names
+            if i.name in self._inputs
             and i.type.WhichOneof("value") in ("sequence_type", "optional_type")
         }
         self.output_dtypes = tuple(
@@ -1379,7 +1394,7 @@ class GraphFunction:
         return found & set(self.input_names)
 
     def defines(self, name: str) -> bool:
-        return name in self._available or name in self._producer
+        return name in self._available or name in self._producer or name in self._scope
 
     def subgraph_functions(self, node: Any, where: str) -> dict[str, GraphFunction]:
         """The node's graph attributes, each as a GraphFunction reading this graph's names."""
@@ -1391,7 +1406,7 @@ class GraphFunction:
                 f"{where}: its subgraphs nest {self.depth + 1} deep, more than the limit of "
                 f"{MAX_SUBGRAPH_DEPTH}"
             )
-        scope = frozenset((*self._available, *self._producer))
+        scope = _Defined(self)
         functions = {}
         for name, sub in graphs.items():
             try:
@@ -1658,7 +1673,7 @@ class GraphFunction:
 
         def producer(name: str, reader: int | None) -> int | None:
             """The node computing ``name``, None past the graph's edge; checks the edge."""
-            if name in stop or name in self._available:
+            if name in stop or name in self._available or name in self._scope:
                 return None
             index = self._producer.get(name)
             if index is None:
@@ -1802,11 +1817,15 @@ class GraphFunction:
             odd = [name for name in inputs if not isinstance(name, str)]
             if odd:
                 raise TypeError(
-                    f"input names must be str, got {odd[:3]!r}; the graph takes {self.input_names}"
+                    f"input names must be str, got {listed(odd)}; the graph takes "
+                    f"{listed(self.input_names)}"
                 )
             missing = [name for name in self.input_names if name not in inputs]
             if missing:
-                raise ValueError(f"missing input(s) {missing}; the graph takes {self.input_names}")
+                raise ValueError(
+                    f"missing input(s) {listed(missing)}; the graph takes "
+                    f"{listed(self.input_names)}"
+                )
             if len(inputs) != len(self.input_names):
                 self._refuse_unknown(inputs)
             values = [inputs[name] for name in self.input_names]
@@ -1815,7 +1834,7 @@ class GraphFunction:
             if len(values) != len(self.input_names):
                 raise ValueError(
                     f"got {len(values)} input(s); the graph takes {len(self.input_names)}: "
-                    f"{self.input_names}"
+                    f"{listed(self.input_names)}"
                 )
         named = dict(zip(self.input_names, values, strict=True))
         # Read as shapes, in numpy: int64 stays exact (INT64_MAX as "to the end").
@@ -1860,20 +1879,20 @@ class GraphFunction:
 
     def _refuse_unknown(self, inputs: Mapping[str, Any]) -> None:
         """Refuses feeds the graph does not take, instead of silently dropping them."""
-        unknown = [name for name in inputs if name not in self.input_names]
+        unknown = [name for name in inputs if name not in self._inputs]
         overriding = [name for name in unknown if name in self._initializer_inputs]
         others = [name for name in unknown if name not in self._initializer_inputs]
         reasons = []
         if overriding:
             reasons.append(
-                f"input(s) {overriding} name initializers that are also graph inputs: "
+                f"input(s) {listed(overriding)} name initializers that are also graph inputs: "
                 "onnx_optax runs the graph with the initializers' values and does not let a "
                 "feed override them (onnxruntime does); write the value into the model's "
                 "initializer instead"
             )
         if others:
-            reasons.append(f"unknown input(s) {others}")
-        raise ValueError(f"{'; '.join(reasons)}; the graph takes {self.input_names}")
+            reasons.append(f"unknown input(s) {listed(others)}")
+        raise ValueError(f"{'; '.join(reasons)}; the graph takes {listed(self.input_names)}")
 
     def _feed(self, name: str, value: Any) -> Any:
         """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them)."""

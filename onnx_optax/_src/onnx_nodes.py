@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -39,11 +39,32 @@ def unsupported(node: onnx.NodeProto, runs: str) -> UnsupportedOperatorError:
     )
 
 
+# How many names an error lists, and how many characters of one name it shows: a
+# message stays short whatever the model holds (a million inputs, a megabyte name).
+LISTED = 5
+SHOWN_CHARS = 200
+
+
+def shown(name: str) -> str:
+    """A name as a message shows it: cut to SHOWN_CHARS characters, its length said."""
+    if len(name) <= SHOWN_CHARS:
+        return name
+    return f"{name[:SHOWN_CHARS]}... ({len(name):,} characters)"
+
+
+def listed(names: Sequence[Any], first: int = LISTED) -> str:
+    """``names`` as an error shows them: all of a few (as their repr), else how many
+    and the first ``first`` (a list or a tuple: its own brackets when all are shown)."""
+    if len(names) <= first:
+        return repr(names)
+    return f"{len(names):,} names, the first {first}: {list(names[:first])!r}"
+
+
 def describe(node: onnx.NodeProto) -> str:
     """How errors name a node: its name (if any), op type and domain."""
-    name = f"'{node.name}' " if node.name else ""
+    name = f"'{shown(node.name)}' " if node.name else ""
     domain = node.domain or "ai.onnx"
-    return f"node {name}({domain}.{node.op_type})"
+    return f"node {name}({shown(domain)}.{shown(node.op_type)})"
 
 
 def schema_defaults(op_type: str) -> dict[str, Any]:
