@@ -541,6 +541,16 @@ def _train(args: argparse.Namespace) -> int:
                     "each output its own file"
                 )
             written[_file_key(path)] = option
+    for path, option in (
+        (args.model, "the model"),
+        (args.data, "--data"),
+        (args.val_data, "--val-data"),
+    ):
+        writer = written.get(_file_key(path)) if path else None
+        if writer and not (writer == "-o" and option == "the model"):  # -o may replace the model
+            raise UsageError(
+                f"{writer} names the file {option} reads ({path!r}); give each output its own file"
+            )
     if args.plot:
         require("onnx-optax train --plot", "examples", "matplotlib")
     from onnx_optax._src.trainer import run_train

@@ -686,3 +686,37 @@ def test_an_unforeseen_error_mid_run_keeps_the_steps_before_it(
     status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), "--steps", "5")
     _refused(status, lines, "unexpected RuntimeError", "out of device memory", "after step 2")
     assert training.Session(tmp_path / "o.onnx").initializers["T"] == 4  # Adam counts from 1
+
+
+@pytest.mark.parametrize(
+    ("option", "read", "words"),
+    [
+        ("--log", "d.npz", "--log names the file --data reads"),
+        ("--log", "s.onnx", "--log names the file the model reads"),
+        ("--inference", "s.onnx", "--inference names the file the model reads"),
+        ("-o", "d.npz", "-o names the file --data reads"),
+        ("--plot", "v.npz", "--plot names the file --val-data reads"),
+    ],
+)
+def test_an_output_that_would_replace_an_input_is_refused_before_training(
+    saved: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    read: str,
+    words: str,
+) -> None:
+    """A train that replaced its data or its model with a log would lose them: refused."""
+    import shutil
+
+    for name in ("s.onnx", "d.npz"):
+        shutil.copy(saved / name, tmp_path / name)
+    shutil.copy(saved / "d.npz", tmp_path / "v.npz")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    argv = ["train", str(tmp_path / "s.onnx"), "--data", str(tmp_path / "d.npz"), "--steps", "1"]
+    argv += ["--val-data", str(tmp_path / "v.npz"), "--batch-size", "4"]
+    outputs = {"-o": str(tmp_path / "o.onnx"), option: str(tmp_path / read)}
+    capsys.readouterr()
+    status = cli.main([*argv, *[a for item in outputs.items() for a in item]])
+    _refused(status, capsys.readouterr().err.strip().splitlines(), words)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
