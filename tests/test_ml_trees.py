@@ -366,6 +366,29 @@ def test_opset5_refusals() -> None:
     _refused(_ensemble5(membership_values=no_sets), "MEMBER")
 
 
+@pytest.mark.parametrize(
+    ("name", "tensor"),
+    [
+        ("nodes_splits", helper.make_tensor("s", TensorProto.DOUBLE, [3], [0.0, 0.0, 0.5])),
+        ("leaf_weights", helper.make_tensor("w", TensorProto.DOUBLE, [5], [1, 2, 3, 4, -5])),
+        (
+            "membership_values",
+            helper.make_tensor("mv", TensorProto.FLOAT16, [4], [1.0, 3.0, 7.0, np.nan]),
+        ),
+    ],
+)
+def test_opset5_tensors_of_another_type_than_x_are_refused_as_in_onnxruntime(
+    name: str, tensor: onnx.TensorProto
+) -> None:
+    """onnxruntime: "Attribute 'nodes_splits' must have same type as input"."""
+    model = _ensemble5(**{name: tensor})
+    with pytest.raises(Exception, match=r"must have same type as input"):  # its own types
+        _onnxruntime(model, {"X": OPSET5_X})
+    pattern = rf"node 'forest5' .*{name} is (float64|float16) but X is float32"
+    with pytest.raises(TypeError, match=pattern):
+        backend.prepare(model).run([OPSET5_X])
+
+
 # ----------------------------------------------------------------------------- encoders
 
 

@@ -24,7 +24,8 @@ compares as onnxruntime does in double.
 A malformed file is refused by name when prepared: attribute arrays of
 unequal lengths, a node or tree id out of range or repeated, a child that is
 not there, a cycle (a hostile file must not hang), string labels (XLA holds
-no strings).
+no strings); and, as onnxruntime refuses them, TreeEnsemble's nodes_splits,
+leaf_weights or membership_values of another type than X, when X is known.
 """
 
 from __future__ import annotations
@@ -602,6 +603,13 @@ def _tree_ensemble(node: Node, x: Any) -> Any:
         raise TypeError(
             f"{node.where}: input X has dtype {x.dtype}; it must be float, double or float16"
         )
+    for name in ("nodes_splits", "leaf_weights", "membership_values"):  # T, as X (onnxruntime)
+        value = node.get(name)
+        if value is not None and np.dtype(value.dtype) != np.dtype(x.dtype):
+            raise TypeError(
+                f"{node.where}: {name} is {np.dtype(value.dtype)} but X is {np.dtype(x.dtype)}; "
+                "the schema makes them one type"
+            )
     rows = _features(node, x)
     aggregate = _AGGREGATES[int(node["aggregate_function"])]
     scores = _aggregate(node, forest, rows, aggregate)
