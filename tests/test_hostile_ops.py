@@ -952,6 +952,27 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         21,
         r"mode 'crd' must be 'DCR' or 'CRD'",
     ),
+    "Mod fmod 2": (
+        "Mod",
+        [np.array([5], np.int32), np.array([3], np.int32)],
+        {"fmod": 2},
+        13,
+        r"fmod 2 must be 0 or 1",
+    ),
+    "CumSum exclusive 2": (
+        "CumSum",
+        [np.ones((2, 3), np.float32), np.array(0, np.int64)],
+        {"exclusive": 2},
+        14,
+        r"exclusive 2 must be 0 or 1",
+    ),
+    "CumSum reverse 2": (
+        "CumSum",
+        [np.ones((2, 3), np.float32), np.array(0, np.int64)],
+        {"reverse": 2},
+        14,
+        r"reverse 2 must be 0 or 1",
+    ),
 }
 
 

@@ -279,3 +279,12 @@ def _checked_labels(node: Node, labels: Any, classes: int, ignore: int | None) -
 def _int_check(node: Node, values: Any, what: str) -> None:
     if not _is_int(values):
         raise TypeError(f"{node.where}: {what} must be integers, got {values.dtype}")
+
+
+def _flag(node: Node, name: str, default: int = 0) -> bool:
+    """A 0-or-1 attribute as a bool; any other value is refused naming the node, as
+    onnxruntime refuses it (CumSum's exclusive and reverse, Mod's fmod)."""
+    value = node.get(name, default)
+    if value not in (0, 1):
+        raise ValueError(f"{node.where}: {name} {value} must be 0 or 1")
+    return bool(value)

@@ -23,6 +23,7 @@ from onnx_optax._src.ops.arrays import (
     _broadcast_check,
     _canonical,
     _cast,
+    _flag,
     _is_int,
     _same_dtype,
     _xp,
@@ -90,7 +91,7 @@ def _div(node: Node, a: Any, b: Any) -> Any:
 def _mod(node: Node, a: Any, b: Any) -> Any:
     _same_dtype(node, a, b)
     _broadcast_check(node, a, b)
-    fmod = node.get("fmod", 0)
+    fmod = _flag(node, "fmod")
     if _is_int(a):
         _nonzero_divisor(node, b)
     elif not fmod and node.opset < 28:

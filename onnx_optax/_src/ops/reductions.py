@@ -23,6 +23,7 @@ from onnx_optax._src.ops.arrays import (
     _axis,
     _canonical,
     _cast,
+    _flag,
     _xp,
     _xp_sized,
     check_size,
@@ -126,16 +127,17 @@ def _cumulative(name: str, unit: int) -> Callable[..., Any]:
         if np.size(axis) != 1:
             raise ValueError(f"{node.where}: axis must hold one value, got {np.size(axis)}")
         a = _axis(int(np.asarray(axis).reshape(())), np.ndim(x), node.where)
+        reverse, exclusive = _flag(node, "reverse"), _flag(node, "exclusive")
         xp = _xp(x)
-        y = xp.flip(x, axis=a) if node.get("reverse", 0) else x
+        y = xp.flip(x, axis=a) if reverse else x
         y = getattr(xp, name)(y, axis=a, dtype=y.dtype)
-        if node.get("exclusive", 0) and x.shape[a]:
+        if exclusive and x.shape[a]:
             first = list(x.shape)
             first[a] = 1
             kept = [slice(None)] * np.ndim(x)
             kept[a] = slice(0, x.shape[a] - 1)
             y = xp.concatenate([xp.full(first, unit, y.dtype), y[tuple(kept)]], axis=a)
-        return xp.flip(y, axis=a) if node.get("reverse", 0) else y
+        return xp.flip(y, axis=a) if reverse else y
 
     return run
 
