@@ -43,6 +43,9 @@ MESSAGE_CHARACTERS = 2000
 # Set (to anything but ""), an exception no check foresaw leaves main with its traceback.
 TRACEBACK_VARIABLE = "ONNX_OPTAX_TRACEBACK"
 
+# The key of a model's metadata_props where train keeps its position (see _src/trainer.py).
+POSITION_KEY = "onnx_optax.train"
+
 # The benchmark harness lives in the repository, not in the package.
 BENCHMARK = pathlib.Path("benchmarks") / "optimizer_step.py"
 
@@ -67,6 +70,20 @@ def _file_key(path: str) -> str:
     replaced by the write, never followed)."""
     folder, name = os.path.split(os.path.abspath(path))
     return os.path.join(os.path.realpath(folder), name)
+
+
+def drop_position(model: onnx.ModelProto) -> bool:
+    """Removes train's position from ``model``'s metadata_props; whether it held one.
+
+    A model that ``attach`` makes, or an inference model, has no run of ``train`` to resume.
+    """
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != POSITION_KEY]
+    if len(kept) == len(model.metadata_props):
+        return False
+    del model.metadata_props[:]
+    for key, value in kept:
+        model.metadata_props.add(key=key, value=value)
+    return True
 
 
 def _write_model(model: onnx.ModelProto, path: str) -> None:
@@ -461,6 +478,12 @@ def _attach(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     for warning in said:
         print(f"note: {warning.message}", file=sys.stderr)
+    if drop_position(attached):
+        print(
+            f"note: left out the position of an earlier train (metadata '{POSITION_KEY}'): "
+            "the attached model's training starts anew",
+            file=sys.stderr,
+        )
     _write_model(attached, args.output)
     target = attached.training_info[0].algorithm.input[0].name
     print(

@@ -9,6 +9,7 @@ opaque numpy message.
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import numpy as np
@@ -270,7 +271,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 def _saved_position(saved: pathlib.Path) -> dict[str, object]:
-    import json
 
     model = onnx.load(str(saved / "s.onnx"))
     (value,) = [p.value for p in model.metadata_props if p.key == POSITION]
@@ -289,7 +289,6 @@ def _train_on(
 ) -> tuple[int, list[str]]:
     """train on s.onnx with its position replaced by ``position`` (JSON text, or a dict
     dumped), 4 rows a step; the exit status and the lines on stderr."""
-    import json
 
     model = onnx.load(str(saved / "s.onnx"))
     text = position if isinstance(position, str) else json.dumps(position)
@@ -384,7 +383,6 @@ def test_every_count_of_the_position_is_an_integer_in_range(
     field: str,
     value: object,
 ) -> None:
-    import json
 
     text = json.dumps(_edited(saved, **{field: value}))  # null: present, not an integer
     status, lines = _train_on(saved, tmp_path, capsys, text, "--steps", "1")
@@ -488,7 +486,6 @@ def test_a_sound_log_resumes_with_its_rows(
     saved: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     """NaN losses, blank lines and rows past the saved step are what train writes: kept, dropped."""
-    import json
 
     log = tmp_path / name
     log.write_text((_JSONL if name.endswith("jsonl") else _CSV).replace("\n", "\n\n", 1))
@@ -720,3 +717,26 @@ def test_an_output_that_would_replace_an_input_is_refused_before_training(
     status = cli.main([*argv, *[a for item in outputs.items() for a in item]])
     _refused(status, capsys.readouterr().err.strip().splitlines(), words)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_neither_an_inference_model_nor_an_attached_one_carries_a_position(
+    saved: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train --inference wrote the position the model was read with, and attach kept it: a
+    train on the model attached again resumed a run that was not its own."""
+
+    def keys(path: pathlib.Path) -> list[str]:
+        return [p.key for p in onnx.load(str(path)).metadata_props]
+
+    args = ["--steps", "2", "--inference", str(tmp_path / "i.onnx")]
+    status, lines = _train_on(saved, tmp_path, capsys, _edited(saved), *args)
+    assert status == 0, lines
+    assert POSITION in keys(tmp_path / "o.onnx") and keys(tmp_path / "i.onnx") == []
+    model = mlp()
+    model.metadata_props.add(key=POSITION, value=json.dumps(_edited(saved)))
+    model.metadata_props.add(key="author", value="kept")
+    onnx.save(model, str(tmp_path / "in.onnx"))
+    argv = ["attach", str(tmp_path / "in.onnx"), "--loss", "mse", "--target", "t"]
+    assert cli.main([*argv, "-o", str(tmp_path / "a.onnx")]) == 0
+    assert "left out the position of an earlier train" in capsys.readouterr().err
+    assert keys(tmp_path / "a.onnx") == ["author"]

@@ -40,17 +40,17 @@ from onnx_optax._src.write import write_file
 from onnx_optax.cli import (
     EXIT_FAILED,
     EXIT_OK,
+    POSITION_KEY,  # of the saved model's metadata_props: the loop's position (JSON)
     TRACEBACK_VARIABLE,
     UsageError,
     _read_model,
     _training,
     _unforeseen,
     _write_model,
+    drop_position,
     one_line,
 )
 
-# The key of the saved model's metadata_props holding the loop's position (JSON).
-POSITION_KEY = "onnx_optax.train"
 # A log file is rewritten at most this often (and at every save and at the end).
 LOG_SECONDS = 5.0
 # What train reads back from its own files is a stranger's too (a model or a log someone
@@ -812,7 +812,9 @@ class Loop:
             finally:
                 self.progress.close()
         if a.inference:
-            _write_model(self.session.to_inference_model(), a.inference)
+            inference = self.session.to_inference_model()
+            drop_position(inference)  # the model's when it was read: no run to resume
+            _write_model(inference, a.inference)
         if status == EXIT_OK:
             print(f"wrote {a.output}", file=sys.stderr)
         else:
