@@ -973,6 +973,18 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         14,
         r"reverse 2 must be 0 or 1",
     ),
+    "RotaryEmbedding cos_cache and sin_cache of two shapes": (
+        "RotaryEmbedding",
+        [
+            np.ones((1, 2, 3, 4), np.float32),
+            np.ones((4, 2), np.float32),
+            np.ones((5, 2), np.float32),
+            np.array([[0, 1, 2]], np.int64),
+        ],
+        {},
+        23,
+        r"cos_cache of shape \[4, 2\] and sin_cache of shape \[5, 2\] must have one shape",
+    ),
 }
 
 

@@ -98,6 +98,11 @@ def _rotary_embedding(
     rank = np.ndim(x)
     if rank not in (3, 4):
         raise ValueError(f"{node.where}: X of shape {_shape(x)} must be 3-D or 4-D")
+    if _shape(cos_cache) != _shape(sin_cache):  # onnxruntime refuses two shapes
+        raise ValueError(
+            f"{node.where}: cos_cache of shape {_shape(cos_cache)} and sin_cache of shape "
+            f"{_shape(sin_cache)} must have one shape"
+        )
     x = jnp.asarray(x)
     if rank == 4:
         x = jnp.transpose(x, (0, 2, 1, 3))  # (batch, seq, heads, head_size)
