@@ -389,6 +389,33 @@ def test_opset5_tensors_of_another_type_than_x_are_refused_as_in_onnxruntime(
         backend.prepare(model).run([OPSET5_X])
 
 
+def _vector_x(model: onnx.ModelProto, declared: bool) -> onnx.ModelProto:
+    """The model with a 1-D X (``declared``) or an X and Y of no declared shape, on which
+    onnxruntime runs its kernel whatever the rank (a declared 1-D X it refuses at load)."""
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.ClearField("shape")
+    if declared:
+        model.graph.input[0].type.tensor_type.shape.dim.add().dim_value = 2
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "targets"
+    return model
+
+
+@pytest.mark.parametrize("build", [_regressor, _ensemble5], ids=["regressor", "opset5"])
+def test_a_vector_x_is_one_feature_as_in_onnxruntime(build: Any) -> None:
+    """onnxruntime's kernel reads a 1-D X as one sample of one feature: a node reading
+    feature 1 is refused ("requests feature 1 but input tensor has 1 features")."""
+    x = np.array([0.1, 0.3], np.float32)
+    with pytest.raises(Exception, match=r"requests feature 1"):  # onnxruntime's own types
+        _onnxruntime(_vector_x(build(), declared=False), {"X": x})
+    with pytest.raises(ValueError, match=r"node 'forest5?' .*reads feature 1 but X is 1-D"):
+        backend.prepare(_vector_x(build(), declared=True)).run([x])
+    first = {"nodes_featureids": [0] * (6 if build is _regressor else 3)}
+    (ours,) = backend.prepare(_vector_x(build(**first), declared=True)).run([x])
+    (theirs,) = _onnxruntime(_vector_x(build(**first), declared=False), {"X": x})
+    np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------- encoders
 
 

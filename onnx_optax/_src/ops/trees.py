@@ -448,8 +448,18 @@ def _aggregate(node: Node, forest: _Forest, x: Any, aggregate: str) -> Any:
     return jnp.where(jnp.any(hit, axis=1), best, 0)
 
 
-def _features(node: Node, x: Any) -> Any:
-    """X as ``[N, C]`` in the compute dtype: float64 stays (64-bit JAX), the rest float32."""
+def _features(node: Node, x: Any, forest: _Forest) -> Any:
+    """X as ``[N, C]`` in the compute dtype: float64 stays (64-bit JAX), the rest float32.
+
+    A 1-D X is one sample; onnxruntime reads it as one of one feature, so a node
+    reading another feature is refused.
+    """
+    internal = forest.feature[: forest.true_next.size]
+    if np.ndim(x) == 1 and internal.size and int(internal.max()) >= 1:
+        raise ValueError(
+            f"{node.where}: a node reads feature {int(internal.max())} but X is 1-D, which "
+            "onnxruntime reads as one sample of one feature; give X as [N, C]"
+        )
     if np.dtype(x.dtype) == np.float16:
         x = jnp.asarray(x, np.float32)
     if np.dtype(x.dtype) == np.float64 and jax.config.read("jax_enable_x64"):
@@ -500,7 +510,7 @@ def _tree_ensemble_regressor(node: Node, x: Any) -> Any:
     ``AVERAGE`` divides the sum by the number of trees; the output is float32.
     """
     forest = _regressor_check(node)
-    rows = _features(node, x)
+    rows = _features(node, x, forest)
     scores = _aggregate(node, forest, rows, str(node["aggregate_function"]))
     base = _floats(node, "base_values")
     if base.size:
@@ -564,7 +574,7 @@ def _tree_ensemble_classifier(node: Node, x: Any) -> tuple[Any, Any]:
     forest = _classifier_check(node)
     labels = _class_labels(node)
     refuse_narrowing(f"{node.where}: classlabels_int64s", labels)
-    rows = _features(node, x)
+    rows = _features(node, x, forest)
     scores = _aggregate(node, forest, rows, "SUM")
     base = _floats(node, "base_values")
     ids = np.unique(_array(node, "class_ids", np.int64))
@@ -610,7 +620,7 @@ def _tree_ensemble(node: Node, x: Any) -> Any:
                 f"{node.where}: {name} is {np.dtype(value.dtype)} but X is {np.dtype(x.dtype)}; "
                 "the schema makes them one type"
             )
-    rows = _features(node, x)
+    rows = _features(node, x, forest)
     aggregate = _AGGREGATES[int(node["aggregate_function"])]
     scores = _aggregate(node, forest, rows, aggregate)
     transform = _TRANSFORMS[int(node["post_transform"])]
