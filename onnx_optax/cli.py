@@ -976,8 +976,8 @@ def _unforeseen(error: Exception) -> str:
     where = f" at {os.path.basename(ours[-1].filename)}:{ours[-1].lineno}" if ours else ""
     message = one_line(str(error), MESSAGE_CHARACTERS // 2)
     return (
-        f"unexpected {type(error).__name__}{where}: {message} (please report it; "
-        f"{TRACEBACK_VARIABLE}=1 shows its traceback)"
+        f"unexpected {type(error).__name__}{where}{': ' if message else ''}{message} (please "
+        f"report it; {TRACEBACK_VARIABLE}=1 shows its traceback)"
     )
 
 
