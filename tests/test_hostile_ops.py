@@ -985,6 +985,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         23,
         r"cos_cache of shape \[4, 2\] and sin_cache of shape \[5, 2\] must have one shape",
     ),
+    "Cast saturate 0 to float16": (
+        "Cast",
+        [np.array([3.0], np.float32)],
+        {"to": TensorProto.FLOAT16, "saturate": 0},
+        21,
+        r"saturate 0 applies to casts to float8 only, not to float16",
+    ),
+    "CastLike saturate 0 to uint8": (
+        "CastLike",
+        [np.array([3.0], np.float32), np.zeros(1, np.uint8)],
+        {"saturate": 0},
+        21,
+        r"saturate 0 applies to casts to float8 only, not to uint8",
+    ),
 }
 
 
@@ -996,11 +1010,19 @@ def _one_node(
     given = {name: v for name, v in zip(names, inputs, strict=True) if name}
     nodes = [] if fed else [_constant(name, v) for name, v in given.items()]
     node = helper.make_node(op, names, ["y"], name="n", **attributes)
-    first = next(iter(given.values()))
-    output = _vi("y", helper.np_dtype_to_tensor_dtype(first.dtype), ["d"] * first.ndim)
     feeds = given if fed else {}
     vis = [_vi(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
-    return _model([*nodes, node], vis, [output], opset), feeds
+    model = _model([*nodes, node], vis, [], opset)
+    first = next(iter(given.values()))
+    elem, rank = helper.np_dtype_to_tensor_dtype(first.dtype), first.ndim
+    try:  # y's type as onnx infers it, else the first input's
+        found = onnx.shape_inference.infer_shapes(model).graph.value_info
+        typed = next(v.type.tensor_type for v in found if v.name == "y")
+        elem, rank = typed.elem_type, len(typed.shape.dim) if typed.HasField("shape") else rank
+    except (StopIteration, onnx.shape_inference.InferenceError):
+        pass
+    model.graph.output.append(_vi("y", elem, ["d"] * rank))
+    return model, feeds
 
 
 @pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])

@@ -276,6 +276,10 @@ def _convert(node: Node, x: Any, target: np.dtype) -> Any:
     check_size(node, np.shape(x), max(widest, source, key=lambda d: d.itemsize))
     if target.name == "float8_e8m0fnu":
         raise ValueError(f"{node.where}: casts to FLOAT8E8M0 are not supported")
+    if node.get("saturate", 1) == 0 and target.name not in _SMALL_FLOATS:  # as onnxruntime
+        raise ValueError(
+            f"{node.where}: saturate 0 applies to casts to float8 only, not to {target.name}"
+        )
     if target.name in _SMALL_INTS:  # truncate, then wrap around, as numpy (ml_dtypes) does
         bits = 4 if target.name.endswith("4") else 2
         if not np.issubdtype(source, np.integer):
