@@ -106,6 +106,7 @@ class OnnxOptaxRep(BackendRep):
             opsets=opsets,
             max_bytes=limits.tensor_bytes,
             max_traced_nodes=limits.traced_nodes,
+            max_gradient_depth=limits.gradient_depth,
         )
         # one class for every run (making a namedtuple class took a tenth of a small run)
         self._outputs = namedtupledict("Outputs", list(self.graph.output_names))

@@ -468,3 +468,62 @@ def test_errors_about_many_inputs_say_how_many_and_name_a_few() -> None:
     with pytest.raises(ValueError) as count:
         rep.run([X] * 3)
     assert len(str(count.value)) < 400
+
+
+# ----------------------------------------------------------------------------- deep chains
+
+
+def sin_gradient(n: int) -> onnx.ModelProto:
+    """The gradient of a chain of ``n`` Sin nodes, with respect to its input."""
+    nodes = [helper.make_node("Sin", ["x" if i == 0 else f"s{i - 1}"], [f"s{i}"]) for i in range(n)]
+    nodes.append(helper.make_node("Gradient", ["x"], ["g"], domain=DOMAIN, xs=["x"], y=f"s{n - 1}"))
+    vi = helper.make_tensor_value_info
+    return _model(nodes, [vi("x", F32, SHAPE)], [vi("g", F32, SHAPE)], [])
+
+
+def _sin_chain_derivative(n: int) -> np.ndarray:
+    h, g = X.astype(np.float64), np.ones(SHAPE)
+    for _ in range(n):
+        g, h = g * np.cos(h), np.sin(h)
+    return g
+
+
+def test_a_backward_pass_is_cut_into_fusions_of_bounded_depth() -> None:
+    """XLA fused a backward chain whole: 1,250 Sin failed to compile, 20,000 crashed."""
+    from onnx_optax._src.remat import BARRIER_DEPTH
+
+    rep = backend.prepare(sin_gradient(100))
+    jaxpr = jax.make_jaxpr(rep.graph.apply)({"x": X})
+    names = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert names.count("optimization_barrier") >= 2 * (100 // BARRIER_DEPTH), names
+    np.testing.assert_allclose(rep.run([X])[0], _sin_chain_derivative(100), rtol=1e-4)
+
+
+def test_a_gradient_past_the_depth_limit_is_refused_before_tracing(
+    node_runs: collections.Counter[str],
+) -> None:
+    limits = backend.Limits(gradient_depth=40)
+    got = backend.prepare(sin_gradient(40), limits=limits).run([X])[0]
+    np.testing.assert_allclose(got, _sin_chain_derivative(40), rtol=1e-5)
+    node_runs.clear()
+    message = r"Gradient.*41 nodes, more than the limit of 40.*Limits\(gradient_depth=\.\.\.\)"
+    with pytest.raises(ValueError, match=message):
+        backend.prepare(sin_gradient(41), limits=limits)
+    default = backend.Limits().gradient_depth
+    with pytest.raises(ValueError, match=rf"{default + 1} nodes, more than the limit of {default}"):
+        backend.prepare(sin_gradient(default + 1))
+    assert not node_runs
+
+
+def test_a_nested_gradient_counts_its_forward_and_backward_in_the_depth() -> None:
+    """A Gradient of a Gradient of 10 Sin: the inner one's chain is 10 deep, traced twice."""
+    nodes = [
+        helper.make_node("Sin", ["x" if i == 0 else f"s{i - 1}"], [f"s{i}"]) for i in range(10)
+    ]
+    nodes.append(helper.make_node("Gradient", ["x"], ["g1"], domain=DOMAIN, xs=["x"], y="s9"))
+    nodes.append(helper.make_node("Gradient", ["x"], ["g2"], domain=DOMAIN, xs=["x"], y="g1"))
+    vi = helper.make_tensor_value_info
+    model = _model(nodes, [vi("x", F32, SHAPE)], [vi("g2", F32, SHAPE)], [])
+    backend.prepare(model, limits=backend.Limits(gradient_depth=20))
+    with pytest.raises(ValueError, match=r"holds 20 nodes, more than the limit of 19"):
+        backend.prepare(model, limits=backend.Limits(gradient_depth=19))

@@ -111,6 +111,13 @@ MAX_TRACED_NODES = 1_000_000
 # jax.vjp traces its forward and tangent, then transposes the tangent. Nested Gradients
 # multiply (a Gradient of a Gradient of n nodes traces about 9 n).
 GRADIENT_WORK = 3
+# The default Limits.gradient_depth (onnx_optax._src.load): the most nodes on the longest
+# chain a Gradient differentiates (a nested Gradient counts twice its own: forward and
+# backward), refused before tracing. XLA:CPU compiles a backward pass in time that grows
+# faster than its depth, even in fusions cut to BARRIER_DEPTH nodes (remat.run_bounded):
+# Sin chains of 2,000, 4,000 and 8,000 nodes took 6.5, 19.5 and 119 s; 20,000 unbarred
+# ended the process (SIGSEGV after 4 minutes).
+MAX_GRADIENT_DEPTH = 4096
 # Subgraphs (If's branches, Loop's and Scan's bodies) nested deeper than this are refused
 # (protobuf's own parser stops near 33: a graph, node and attribute are 3 of its 100 levels).
 # Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
@@ -339,6 +346,9 @@ class _Step:
     # Node runs a trace of this step makes (see GRADIENT_WORK); a Gradient's is set by
     # the graph once the steps computing its y are known.
     work = 1
+    # Nodes on the longest chain through it that a Gradient around it differentiates
+    # (see MAX_GRADIENT_DEPTH); a Gradient's: twice its own chain's.
+    depth = 1
 
     def __init__(self, graph: GraphFunction, node: Any) -> None:
         self.node = node
@@ -917,6 +927,18 @@ def _free_names(node: Any, depth: int) -> list[str]:
     return list(free)
 
 
+def _chain_depth(steps: Sequence[_Step]) -> int:
+    """The nodes on the longest chain of ``steps`` (in an order that runs), each counted
+    as its ``depth``: a chain runs through the names a step reads and writes."""
+    depth: dict[str, int] = {}
+    longest = 0
+    for step in steps:
+        reached = step.depth + max((depth.get(n, 0) for n in step.inputs if n), default=0)
+        depth.update((n, reached) for n in step.outputs if n)
+        longest = max(longest, reached)
+    return longest
+
+
 def _sequence_node(node: Any) -> Any:
     """The node of a sequence or optional op that ``node`` is or holds in a subgraph, if any."""
     if domain_of(node) == "" and node.op_type in SEQUENCE_OPS:
@@ -1108,10 +1130,12 @@ class GraphFunction:
     ``max_bytes`` bounds every tensor a standard node computes (``Limits.tensor_bytes``);
     ``max_traced_nodes`` the node runs of one trace (``Limits.traced_nodes``: a node
     inside a Gradient counts :data:`GRADIENT_WORK` times per level of Gradient around
-    it), refused before anything is traced. ``check_shapes``: trace the graph on its
-    declared input shapes, when all are known, to fail at construction; that trace is
-    the one the first call with those shapes compiles. A caller that traces the graph
-    inside its own function (a training step) turns it off. ``scope`` and ``depth``
+    it), refused before anything is traced; ``max_gradient_depth`` the nodes on the longest
+    chain a Gradient differentiates (``Limits.gradient_depth``), refused alike.
+    ``check_shapes``: trace the graph on its declared input shapes, when all are known, to
+    fail at construction; that trace is the one the first call with those shapes
+    compiles. A caller that traces the graph inside its own function (a training step)
+    turns it off. ``scope`` and ``depth``
     are a subgraph's: the enclosing graphs' names it may read, and how many enclose it.
     """
 
@@ -1124,6 +1148,7 @@ class GraphFunction:
         opsets: Mapping[str, int] | None = None,
         max_bytes: int = MAX_TENSOR_BYTES,
         max_traced_nodes: int = MAX_TRACED_NODES,
+        max_gradient_depth: int = MAX_GRADIENT_DEPTH,
         check_shapes: bool = True,
         scope: Container[str] = frozenset(),
         depth: int = 0,
@@ -1132,6 +1157,7 @@ class GraphFunction:
         self.depth = depth  # how many graphs enclose this one
         self.max_bytes = max_bytes
         self.max_traced_nodes = max_traced_nodes
+        self.max_gradient_depth = max_gradient_depth
         self._nesting = 0  # Gradients whose reach is being found, one inside the other
         self.opsets = {
             ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
@@ -1415,6 +1441,7 @@ class GraphFunction:
                     opsets=self.opsets,
                     max_bytes=self.max_bytes,
                     max_traced_nodes=self.max_traced_nodes,
+                    max_gradient_depth=self.max_gradient_depth,
                     check_shapes=False,
                     scope=scope,
                     depth=self.depth + 1,
@@ -1462,6 +1489,15 @@ class GraphFunction:
                 finally:
                     self._nesting -= 1
                 _refuse_sequences(step)
+                chain = _chain_depth(step.order)
+                if chain > self.max_gradient_depth:
+                    raise ValueError(
+                        f"{step.where}: the longest chain of nodes it differentiates holds "
+                        f"{chain} nodes, more than the limit of {self.max_gradient_depth} (XLA's "
+                        "compile of a backward pass grows faster than its depth); raise it "
+                        "with limits=Limits(gradient_depth=...) if the model is yours"
+                    )
+                step.depth = 2 * chain
                 step.work = 1 + GRADIENT_WORK * sum(inner.work for inner in step.order)
                 if step.work > self.max_traced_nodes:
                     raise self._too_much_work(f"{step.where}: its trace", step.work)

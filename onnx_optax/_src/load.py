@@ -53,6 +53,9 @@ class Limits(NamedTuple):
     # Node runs one trace of a graph makes, a node inside a Gradient counted 3 times per
     # level of Gradient around it (nested Gradients grow 3x a level); refused before tracing.
     traced_nodes: int = 1_000_000
+    # Nodes on the longest chain a Gradient differentiates (a nested Gradient counts twice
+    # its own): XLA compiles a backward pass in time that grows faster than its depth.
+    gradient_depth: int = 4096
 
 
 DEFAULT_LIMITS = Limits()
