@@ -999,6 +999,17 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         21,
         r"saturate 0 applies to casts to float8 only, not to uint8",
     ),
+    "RNN activation 'relu' in lowercase": (
+        "RNN",
+        [
+            np.ones((3, 2, 4), np.float32),
+            np.ones((1, 5, 4), np.float32),
+            np.ones((1, 5, 5), np.float32),
+        ],
+        {"hidden_size": 5, "activations": ["relu"]},
+        14,
+        r"unknown activation 'relu' \(one of Relu, Tanh,",
+    ),
 }
 
 

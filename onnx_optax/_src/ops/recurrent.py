@@ -45,6 +45,11 @@ _ACTIVATIONS: dict[str, tuple[_Fn, float | None, float | None]] = {
     "softsign": (lambda x, a, b: x / (1 + jnp.abs(x)), None, None),
     "softplus": (lambda x, a, b: jax.nn.softplus(x), None, None),
 }
+# the names as the spec spells them (onnxruntime's RNN takes these alone)
+_SPELT = (
+    "Relu Tanh Sigmoid Affine LeakyRelu ThresholdedRelu ScaledTanh HardSigmoid Elu Softsign "
+    "Softplus"
+).split()
 _DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 Activation = Callable[[Any], Any]
@@ -63,9 +68,13 @@ class _Inputs(NamedTuple):
     directions: int
 
 
-def _activations(node: Node, defaults: Sequence[str], directions: int) -> list[list[Activation]]:
+def _activations(
+    node: Node, defaults: Sequence[str], directions: int, exact: bool = False
+) -> list[list[Activation]]:
     """The cell's activations for each direction (``defaults`` for one when the attribute
-    is absent), their alphas and betas bound."""
+    is absent), their alphas and betas bound. Names match in any case, as onnxruntime's
+    LSTM and GRU match them, or ``exact``ly as spelt in the spec (its RNN: 'Tanh', not
+    'tanh')."""
     per_direction = len(defaults)
     names = [str(name) for name in node.get("activations") or defaults]
     if len(names) == per_direction * directions:
@@ -84,7 +93,7 @@ def _activations(node: Node, defaults: Sequence[str], directions: int) -> list[l
     bound: list[Activation] = []
     for name in names:  # each takes the next alpha/beta if it uses one, as onnxruntime does
         found = _ACTIVATIONS.get(name.lower())
-        if found is None:
+        if found is None or (exact and name not in _SPELT):
             raise ValueError(
                 f"{node.where}: unknown activation '{name}' (one of Relu, Tanh, Sigmoid, Affine, "
                 "LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, Softsign, Softplus)"
@@ -265,7 +274,7 @@ def _rnn(node: Node, *given: Any) -> Any:
 
         return cell
 
-    return _run(node, inputs, _activations(node, ["Tanh"], inputs.directions), make_cell, 1)
+    return _run(node, inputs, _activations(node, ["Tanh"], inputs.directions, exact=True), make_cell, 1)
 
 
 # ----------------------------------------------------------------------------- GRU
