@@ -46,10 +46,10 @@ _ACTIVATIONS: dict[str, tuple[_Fn, float | None, float | None]] = {
     "softplus": (lambda x, a, b: jax.nn.softplus(x), None, None),
 }
 # the names as the spec spells them (onnxruntime's RNN takes these alone)
-_SPELT = (
-    "Relu Tanh Sigmoid Affine LeakyRelu ThresholdedRelu ScaledTanh HardSigmoid Elu Softsign "
-    "Softplus"
-).split()
+_SPELT = frozenset(
+    {"Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh"}
+    | {"HardSigmoid", "Elu", "Softsign", "Softplus"}
+)
 _DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 Activation = Callable[[Any], Any]
@@ -274,7 +274,8 @@ def _rnn(node: Node, *given: Any) -> Any:
 
         return cell
 
-    return _run(node, inputs, _activations(node, ["Tanh"], inputs.directions, exact=True), make_cell, 1)
+    activations = _activations(node, ["Tanh"], inputs.directions, exact=True)
+    return _run(node, inputs, activations, make_cell, 1)
 
 
 # ----------------------------------------------------------------------------- GRU
