@@ -664,3 +664,76 @@ def test_a_body_that_does_not_fit_its_node_is_refused_as_in_onnxruntime(case: st
         backend.prepare(model).run(feeds)
     with pytest.raises(ValueError, match=pattern):
         backend.prepare(model).run(feeds)
+
+
+def _loop_fed_condition(cond_shape: list[int]) -> Any:
+    """s = -s, M times, the condition fed: the body declares it a scalar."""
+    nodes = [
+        helper.make_node("Identity", ["c_in"], ["c_out"]),
+        helper.make_node("Neg", ["s_in"], ["s_out"]),
+    ]
+    loop_body = body(
+        "b",
+        nodes,
+        [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])],
+        [vi("c_out", BOOL, []), vi("s_out", F32, [2])],
+    )
+    loop = helper.make_node("Loop", ["M", "c", "s0"], ["f"], name="loop", body=loop_body)
+    return make_model(
+        [loop],
+        [vi("M", I64, []), vi("c", BOOL, cond_shape), vi("s0", F32, [2])],
+        [vi("f", F32, [2])],
+    )
+
+
+def _scan_declaring(element: list[int]) -> Any:
+    """A running sum over xs [3, 2] whose body declares its scan input ``element``."""
+    nodes = [
+        helper.make_node("Add", ["s_in", "e"], ["s_out"]),
+        helper.make_node("Identity", ["s_out"], ["y"]),
+    ]
+    scan_body = body(
+        "b",
+        nodes,
+        [vi("s_in", F32, [2]), vi("e", F32, element)],
+        [vi("s_out", F32, [2]), vi("y", F32, [2])],
+    )
+    scan = helper.make_node(
+        "Scan", ["s0", "xs"], ["f", "ys"], name="scan", body=scan_body, num_scan_inputs=1
+    )
+    return make_model([scan], [vi("s0", F32, [2]), vi("xs", F32, [3, 2])], [vi("f", F32, [2])])
+
+
+@pytest.mark.parametrize(
+    ("model", "feeds", "pattern"),
+    [
+        (
+            _loop_fed_condition([1]),
+            {"M": np.array(2, np.int64), "c": np.array([True]), "s0": np.ones(2, np.float32)},
+            r"node 'loop' .*body input 'c_in' is declared of shape \[\] but is given \[1\]",
+        ),
+        (
+            _scan_declaring([3]),
+            {"s0": np.ones(2, np.float32), "xs": np.ones((3, 2), np.float32)},
+            r"node 'scan' .*body input 'e' is declared of shape \[3\] but is given \[2\]",
+        ),
+        (
+            _scan_declaring([2, 1]),
+            {"s0": np.ones(2, np.float32), "xs": np.ones((3, 2), np.float32)},
+            r"node 'scan' .*body input 'e' is declared of shape \[2, 1\] but is given \[2\]",
+        ),
+    ],
+    ids=["loop_condition_rank", "scan_input_dim", "scan_input_rank"],
+)
+def test_a_body_declaring_other_shapes_than_given_is_refused_as_in_onnxruntime(
+    model: Any, feeds: dict[str, np.ndarray], pattern: str
+) -> None:
+    with pytest.raises(Exception, match=r"ShapeInferenceError"):  # onnxruntime's own types
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(ValueError, match=pattern):
+        backend.prepare(model).run(feeds)
+    # the same models declaring no shapes run
+    for graph in (a.g for n in model.graph.node for a in n.attribute):
+        for value in graph.input:
+            value.type.tensor_type.ClearField("shape")
+    backend.prepare(model).run(feeds)

@@ -176,6 +176,7 @@ class _Formal(NamedTuple):
     kind: str | None  # tensor_type, sequence_type, optional_type
     dtype: np.dtype | None
     text: str | None  # as the schemas write it: tensor(float)
+    dims: tuple[int | None, ...] | None = None  # a tensor's declared shape (None: a dim param)
 
 
 def _formal(graph: Any) -> tuple[_Formal, ...]:
@@ -190,7 +191,13 @@ def _formal(graph: Any) -> tuple[_Formal, ...]:
             dtype = tensor_dtype(code, "") if code else None
         except ValueError:  # a type XLA cannot hold: refused where it is read, if it is
             dtype = None
-        found.append(_Formal(value.name, kind, dtype, type_text(value.type)))
+        dims = None
+        if kind == "tensor_type" and value.type.tensor_type.HasField("shape"):
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else None
+                for d in value.type.tensor_type.shape.dim
+            )
+        found.append(_Formal(value.name, kind, dtype, type_text(value.type), dims))
     return tuple(found)
 
 
@@ -224,11 +231,24 @@ def _dtype_text(dtype: Any) -> str:
     return TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(np.dtype(dtype))).lower()
 
 
-def _agree(node: Node, name: str, values: Sequence[Any], first: int = 0) -> None:
+def _agree(
+    node: Node, name: str, values: Sequence[Any], first: int = 0, *, shapes: bool = True
+) -> None:
     """Refuses values given to subgraph ``name`` (its inputs from ``first`` on) of another
-    element type, or kind, than the subgraph declares (onnxruntime refuses them too)."""
+    element type, kind or (``shapes``) shape than the subgraph declares, as onnxruntime
+    does (its shape inference merges the two)."""
     formal = node.attrs.get(_FORMAL, {}).get(name, ())
     for declared, value in zip(formal[first:], values, strict=False):
+        if shapes and declared.dims is not None and not is_sequence_or_optional(value):
+            shape = tuple(value.shape)
+            if len(shape) != len(declared.dims) or any(
+                d is not None and d != s for d, s in zip(declared.dims, shape, strict=False)
+            ):
+                dims = ", ".join("?" if d is None else str(d) for d in declared.dims)
+                raise ValueError(
+                    f"{node.where}: {name} input '{declared.name}' is declared of shape "
+                    f"[{dims}] but is given {list(shape)}"
+                )
         if isinstance(value, TensorSeq):
             kind, dtype = "sequence_type", value.elem_dtype
         elif isinstance(value, NoValue):
@@ -341,7 +361,8 @@ def _loop_check(node: Node) -> None:
 def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -> Any:
     body = node["body"]
     n = len(carried)
-    _agree(node, "body", carried, 2)
+    given_cond = np.zeros((), bool) if cond is None else cond
+    _agree(node, "body", [np.zeros((), np.int64), given_cond, *carried])
     k = len(body.output_names) - 1 - n
     if len(body.input_names) != 2 + n or k < 0:
         raise ValueError(
@@ -635,7 +656,6 @@ def _scan_core(
     """The final states, the scan outputs stacked along axis 0 and the checks per step."""
     if any(d not in (0, 1) for d in (*in_dirs, *out_dirs)):
         raise ValueError(f"{node.where}: scan directions must be 0 (forward) or 1 (reverse)")
-    _agree(node, "body", [*states, *scanned])
     n = len(states)
     states = tuple(jnp.asarray(v, _canonical(v.dtype)) for v in states)
     xs = []
@@ -648,6 +668,7 @@ def _scan_core(
     lengths = {x.shape[0] for x in xs}
     if len(lengths) != 1:
         raise ValueError(f"{node.where}: the scan inputs have different lengths {sorted(lengths)}")
+    _agree(node, "body", [*states, *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs)])
     specs = [*map(_spec, states), *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs)]
     traced = _trace(node, "body", body, specs)
     _same_types(node, "state output", body.output_names[:n], specs[:n], traced.outs[:n])

@@ -371,6 +371,7 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
             else v
             for v in inputs
         ],
+        shapes=False,  # onnxruntime does not compare the elements' shapes with the body's
     )
     if len(body.input_names) != len(inputs):
         raise ValueError(
