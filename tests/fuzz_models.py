@@ -403,6 +403,20 @@ def main(argv: list[str] | None = None) -> int:
         help="for long runs: append each failing example (its steps and traceback) to this file "
         "and go on, instead of stopping at the first and shrinking it; exit 1 if any failed",
     )
+    parser.add_argument(
+        "--differential",
+        action="store_true",
+        help="inference models against onnxruntime (tests/fuzz_onnxruntime.py): onnxruntime "
+        "refuses, so must we",
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="with --differential: outputs must match too"
+    )
+    parser.add_argument(
+        "--no-odd-feeds",
+        action="store_true",
+        help="with --differential: feeds always of the declared shape and type",
+    )
     args = parser.parse_args(argv)
     warnings.simplefilter("error")  # as pytest's filterwarnings = error
     jax.config.update("jax_platforms", "cpu")  # the memory limit below would starve a GPU
@@ -455,7 +469,18 @@ def main(argv: list[str] | None = None) -> int:
             faulthandler.dump_traceback_later(args.example_seconds + 10, exit=True)
             try:
                 try:
-                    outcomes = fuzz_case(folder, data, kind=args.mutations, names=names)
+                    if args.differential:
+                        from tests import fuzz_onnxruntime
+
+                        outcome = fuzz_onnxruntime.differential_case(
+                            data,
+                            _note,
+                            compare_outputs=args.compare,
+                            odd_feeds=not args.no_odd_feeds,
+                        )
+                        outcomes = {"differential": outcome}
+                    else:
+                        outcomes = fuzz_case(folder, data, kind=args.mutations, names=names)
                     tally.update((outcomes or {}).items())
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
