@@ -120,10 +120,12 @@ def test_where_onnxruntime_refuses_a_model_or_its_feeds_we_refuse(tmp_path: Path
     assert failure is None, failure
 
 
-def _declared_input(model: onnx.ModelProto, elem: int, dims: list[int]) -> onnx.ModelProto:
+def _declared_input(
+    model: onnx.ModelProto, elem: int, dims: list[int], index: int = 0
+) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    kind = copy.graph.input[0].type.tensor_type
+    kind = copy.graph.input[index].type.tensor_type
     kind.elem_type = elem
     del kind.shape.dim[:]
     for size in dims:
@@ -140,7 +142,40 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     gather = onnx.ModelProto.FromString(seeds["gather"])
     resize = onnx.ModelProto.FromString(seeds["resize"])
     scales = np.ones(4, np.float32)
+    compress = onnx.ModelProto.FromString(seeds["compress"])
+    parts = [f"part{k}" for k in range(17)]
+    compress.graph.node.append(onnx.helper.make_node("Split", ["y"], parts, axis=0, num_outputs=17))
+    compress.graph.output.extend(
+        onnx.helper.make_tensor_value_info(p, TensorProto.FLOAT, ["n", 2]) for p in parts[-1:]
+    )
+    int4 = onnx.ModelProto.FromString(seeds["int4"])
+    int4.graph.node[0].attribute.append(onnx.helper.make_attribute("block_size", -1))
+    scalar_starts = _declared_input(
+        onnx.ModelProto.FromString(seeds["slice_tile"]), TensorProto.INT64, [], index=1
+    )
+    cnn = onnx.ModelProto.FromString(seeds["cnn"])
+    cnn.graph.output[0].type.CopyFrom(
+        onnx.helper.make_sequence_type_proto(
+            onnx.helper.make_tensor_type_proto(TensorProto.FLOAT, None)
+        )
+    )
+    one = np.ones(1, np.int64)
+    compress_feeds = {"x": np.ones((4, 2), np.float32), "c": np.array([1, 0, 1], np.bool_)}
     return {
+        # "Invalid num_outputs value of 17. Split sizes would produce a negative final split."
+        "Split num_outputs past the axis": (compress.SerializeToString(), compress_feeds),
+        # "'block_size' must be non-negative."
+        "DequantizeLinear block_size < 0": (int4.SerializeToString(), {}),
+        # "Starts must be a 1-D array"
+        "Slice starts a scalar": (
+            scalar_starts.SerializeToString(),
+            {"x": np.ones(4, np.float32), "s": np.array(1), "e": one, "r": one},
+        ),
+        # "Type (seq(tensor(float))) of output arg (y) of node () does not match expected type"
+        "an output declared a sequence": (
+            cnn.SerializeToString(),
+            {"x": np.ones((2, 1, 4, 4), np.float32)},
+        ),
         # "Got invalid dimensions for input: x ... Got: 6 Expected: 5"
         "a feed of other dims": (seeds["gather"], {"x": np.ones((6, 4), np.float32), "i": i}),
         # "Unexpected input data type. Actual: (tensor(int32)) , expected: (tensor(int64))"
