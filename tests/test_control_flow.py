@@ -737,3 +737,61 @@ def test_a_body_declaring_other_shapes_than_given_is_refused_as_in_onnxruntime(
         for value in graph.input:
             value.type.tensor_type.ClearField("shape")
     backend.prepare(model).run(feeds)
+
+
+def _declaring_int64_output(op: str) -> tuple[Any, dict[str, np.ndarray]]:
+    """A node whose subgraph declares its float output int64 (the outer output is float)."""
+    x = np.ones(2, np.float32)
+    if op == "If":
+        then_branch = body("t", [helper.make_node("Neg", ["x"], ["a"])], [], [vi("a", I64, [2])])
+        else_branch = body("e", [helper.make_node("Abs", ["x"], ["b"])], [], [vi("b", I64, [2])])
+        node = helper.make_node(
+            "If", ["c"], ["y"], name="if", then_branch=then_branch, else_branch=else_branch
+        )
+        inputs = [vi("c", BOOL, []), vi("x", F32, [2])]
+        return make_model([node], inputs, [vi("y", F32, [2])]), {"c": np.array(True), "x": x}
+    if op == "Loop":
+        nodes = [
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+            helper.make_node("Neg", ["s_in"], ["s_out"]),
+        ]
+        loop_body = body(
+            "b",
+            nodes,
+            [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])],
+            [vi("c_out", BOOL, []), vi("s_out", I64, [2])],
+        )
+        node = helper.make_node("Loop", ["M", "", "s0"], ["f"], name="loop", body=loop_body)
+        inputs = [vi("M", I64, []), vi("s0", F32, [2])]
+        return make_model([node], inputs, [vi("f", F32, [2])]), {"M": np.array(2), "s0": x}
+    nodes = [
+        helper.make_node("Add", ["s_in", "e"], ["s_out"]),
+        helper.make_node("Identity", ["s_out"], ["y"]),
+    ]
+    scan_body = body(
+        "b",
+        nodes,
+        [vi("s_in", F32, [2]), vi("e", F32, [2])],
+        [vi("s_out", F32, [2]), vi("y", I64, [2])],
+    )
+    node = helper.make_node(
+        "Scan", ["s0", "xs"], ["f", "ys"], name="scan", body=scan_body, num_scan_inputs=1
+    )
+    inputs = [vi("s0", F32, [2]), vi("xs", F32, [3, 2])]
+    return make_model([node], inputs, [vi("f", F32, [2])]), {
+        "s0": x,
+        "xs": np.ones((3, 2), np.float32),
+    }
+
+
+@pytest.mark.parametrize("op", ["If", "Loop", "Scan"])
+def test_a_body_computing_another_type_than_it_declares_is_refused_as_in_onnxruntime(
+    op: str,
+) -> None:
+    model, feeds = _declaring_int64_output(op)
+    with pytest.raises(Exception, match=r"does not match|Mismatched|mismatch"):  # its own types
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    node = model.graph.node[0].name
+    pattern = rf"node '{node}' .*output '\w+' is declared int64 but computes float\b"
+    with pytest.raises(ValueError, match=pattern):
+        backend.prepare(model).run(feeds)

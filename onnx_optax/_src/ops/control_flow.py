@@ -22,8 +22,9 @@ name: If's branches take no input and give the node's outputs, of the types
 both declare; Loop's body takes an int64 iteration number, a bool condition and
 the carried values and gives one output more than the node; Scan's (and
 SequenceMap's) body takes the node's inputs and gives its outputs. Counts are
-checked when the graph is prepared, the declared input types against the
-values given when it is traced.
+checked when the graph is prepared; the declared input types (and, for Loop
+and Scan, shapes) against the values given, and the declared output types
+against those computed, when it is traced.
 
 Run-time checks the ops in a body record (an index out of range) leave the body
 as part of its outputs and are collected for the node's graph, so they still
@@ -134,6 +135,7 @@ def _trace(node: Node, name: str, body: Any, specs: Sequence[Any]) -> _Body:
 
     closed, shape = jax.make_jaxpr(run, return_shape=True)(*specs)
     outs, checks = shape
+    _computed(node, name, body, outs)
     tree = jax.tree.structure((outs, checks))
     return _Body(closed, tree, tuple(outs), checks)
 
@@ -225,6 +227,21 @@ def _signature(node: Node, name: str, inputs: int, outputs: int) -> tuple[_Forma
     return formal
 
 
+def _computed(node: Node, name: str, body: Any, outs: Sequence[Any]) -> None:
+    """Refuses subgraph outputs of another element type than the subgraph declares (as
+    onnxruntime's type inference does)."""
+    declared = getattr(body, "output_dtypes", ())
+    for out_name, dtype, value in zip(body.output_names, declared, outs, strict=False):
+        if dtype is None or isinstance(value, NoValue):
+            continue
+        got = value.elem_dtype if isinstance(value, TensorSeq) else np.dtype(value.dtype)
+        if got is not None and _canonical(got) != _canonical(dtype):
+            raise ValueError(
+                f"{node.where}: {name} output '{out_name}' is declared {_dtype_text(dtype)} "
+                f"but computes {_dtype_text(got)}"
+            )
+
+
 def _dtype_text(dtype: Any) -> str:
     from onnx import TensorProto, helper
 
@@ -301,7 +318,15 @@ def _if(node: Node, cond: Any) -> Any:
             f"{node.where}: cond of shape {list(np.shape(cond))} must hold one element"
         )
     if _known(cond):  # known while tracing: only the branch taken is traced
-        return tuple(then_branch() if bool(np.asarray(cond).reshape(())) else else_branch())
+        taken = bool(np.asarray(cond).reshape(()))
+        outs = then_branch() if taken else else_branch()
+        _computed(
+            node,
+            "then_branch" if taken else "else_branch",
+            node["then_branch" if taken else "else_branch"],
+            outs,
+        )
+        return tuple(outs)
     then_body = _trace(node, "then_branch", then_branch, ())
     else_body = _trace(node, "else_branch", else_branch, ())
     if len(then_body.outs) != len(else_body.outs):
@@ -532,6 +557,7 @@ def _unrolled(
     scanned: list[list[Any]] = [[] for _ in range(k)]
     for i in range(trips):
         outs = body(np.array(i, np.int64), np.array(True), *values)
+        _computed(node, "body", body, outs)
         for name, out in zip(body.output_names, outs, strict=True):
             refuse_narrowing_in(f"{node.where}: body output '{name}'", out)
         values = list(outs[1 : 1 + n])

@@ -356,7 +356,7 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     The body runs once per element while tracing (the elements may differ in
     shape); those runs count against ``limits=Limits(traced_nodes=...)``.
     """
-    from onnx_optax._src.ops.control_flow import _agree, spend_unrolled
+    from onnx_optax._src.ops.control_flow import _agree, _computed, spend_unrolled
 
     body = node["body"]
     inputs = (_sequence(node, seq), *others)
@@ -390,6 +390,7 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     found: list[list[Any]] = [[] for _ in body.output_names]
     for i in range(n):
         outs = body(*(v[i] if isinstance(v, TensorSeq) else v for v in inputs))
+        _computed(node, "body", body, outs)
         for kept, out in zip(found, outs, strict=True):
             kept.append(out)
     dtypes = getattr(body, "output_dtypes", (None,) * len(found))
