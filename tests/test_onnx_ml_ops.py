@@ -404,6 +404,19 @@ def test_a_scalar_x_is_refused_as_in_onnxruntime(node: onnx.NodeProto) -> None:
         backend.prepare(model).run({"X": x})
 
 
+@pytest.mark.parametrize("rows", [3, 1])
+def test_linear_classifier_without_intercepts_is_refused_as_in_onnxruntime(rows: int) -> None:
+    """onnxruntime: "LinearClassifier: intercepts must not be empty"."""
+    model = classifier("NONE", rows=rows)
+    del model.graph.node[0].attribute[
+        [a.name for a in model.graph.node[0].attribute].index("intercepts")
+    ]
+    with pytest.raises(Exception, match=r"intercepts must not be empty"):  # its own types
+        onnxruntime_outputs(model, {"X": X[:, :4]})
+    with pytest.raises(ValueError, match=r"node 'n' .*LinearClassifier\): intercepts is empty"):
+        backend.prepare(model)
+
+
 def test_one_hot_encoder_repeated_category_marks_its_last_column_as_onnxruntime() -> None:
     node = ml_node("OneHotEncoder", ["X"], ["Y"], cats_int64s=[1, 2, 1])
     model = node_model(node, [("X", I64)], [("Y", F32, 3)])

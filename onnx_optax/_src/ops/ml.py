@@ -347,6 +347,11 @@ def _classifier_check(node: Node) -> None:
             f"per class ({intercepts.size} intercepts)"
         )
     _classifier_labels(node)
+    if not intercepts.size:  # onnxruntime counts the classes by them, and refuses none
+        raise ValueError(
+            f"{node.where}: intercepts is empty; a LinearClassifier gives one per class "
+            "(one for a binary classifier of one coefficient row)"
+        )
 
 
 def _first_max(scores: Any) -> Any:
