@@ -1010,6 +1010,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         14,
         r"unknown activation 'relu' \(one of Relu, Tanh,",
     ),
+    "Conv with auto_pad and pads": (
+        "Conv",
+        [np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32)],
+        {"auto_pad": "SAME_UPPER", "pads": [1, 1, 1, 1]},
+        11,
+        r"auto_pad 'SAME_UPPER' and pads \[1, 1, 1, 1\] cannot be given together",
+    ),
+    "ConvTranspose with auto_pad and pads": (
+        "ConvTranspose",
+        [np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32)],
+        {"auto_pad": "VALID", "pads": [0, 0, 0, 0]},
+        11,
+        r"auto_pad 'VALID' and pads \[0, 0, 0, 0\] cannot be given together",
+    ),
 }
 
 

@@ -542,8 +542,19 @@ def _reads_channels_last(node: Node, x: Any) -> bool:
     return kept == sorted(kept)
 
 
+def _pads_or_auto_pad(node: Node) -> None:
+    """Conv's (ConvTranspose's, ConvInteger's, QLinearConv's) pads and auto_pad exclude each
+    other, as the spec says and onnxruntime checks."""
+    auto_pad, pads = node.get("auto_pad", "NOTSET"), node.get("pads")
+    if auto_pad != "NOTSET" and pads is not None:
+        raise ValueError(
+            f"{node.where}: auto_pad {auto_pad!r} and pads {list(pads)} cannot be given together"
+        )
+
+
 @register("Conv")
 def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+    _pads_or_auto_pad(node)
     _same_dtype(node, x, w, b)
     if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
         raise ValueError(
@@ -589,6 +600,7 @@ def _transpose_geometry(
     every output dimension must be positive.
     """
     n = np.ndim(x) - 2
+    _pads_or_auto_pad(node)
     strides, dilations, padding = _window(node, x, kernel)
     output_padding = _attr_ints(node, "output_padding", n, 0, 0)
     auto_pad = node.get("auto_pad", "NOTSET")
