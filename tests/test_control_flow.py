@@ -795,3 +795,30 @@ def test_a_body_computing_another_type_than_it_declares_is_refused_as_in_onnxrun
     pattern = rf"node '{node}' .*output '\w+' is declared int64 but computes float\b"
     with pytest.raises(ValueError, match=pattern):
         backend.prepare(model).run(feeds)
+
+
+def test_a_loop_body_giving_its_condition_as_one_element_runs_as_in_onnxruntime() -> None:
+    """onnxruntime reads a body's condition output of shape [1] as its one bool."""
+    nodes = [
+        helper.make_node("Constant", [], ["ax"], value=numpy_helper.from_array(np.array([0]))),
+        helper.make_node("ReduceSum", ["s_in"], ["total"], keepdims=0),
+        helper.make_node("Less", ["total", "limit"], ["below"]),
+        helper.make_node("Unsqueeze", ["below", "ax"], ["c_out"]),
+        helper.make_node("Add", ["s_in", "s_in"], ["s_out"]),
+    ]
+    loop_body = body(
+        "b",
+        nodes,
+        [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])],
+        [vi("c_out", BOOL, [1]), vi("s_out", F32, [2])],
+    )
+    loop = helper.make_node("Loop", ["M", "c", "s0"], ["f"], name="loop", body=loop_body)
+    model = make_model(
+        [loop],
+        [vi("M", I64, []), vi("c", BOOL, []), vi("s0", F32, [2])],
+        [vi("f", F32, [2])],
+        {"limit": np.array(40, np.float32)},
+    )
+    feeds = {"M": np.array(10), "c": np.array(True), "s0": np.array([1.0, 2.0], np.float32)}
+    (f,) = assert_as_onnxruntime(model, feeds)
+    assert f.sum() > 40

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -448,10 +449,10 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             f"{node.where}: a scan output of its body is a sequence or an optional; scan "
             "outputs are tensors, stacked over the iterations"
         )
-    if traced.outs[0].shape != () or traced.outs[0].dtype != np.dtype(bool):
+    if math.prod(traced.outs[0].shape) != 1 or traced.outs[0].dtype != np.dtype(bool):
         raise ValueError(
-            f"{node.where}: the body's condition output '{body.output_names[0]}' must be a "
-            f"bool scalar, got {traced.outs[0].dtype}{list(traced.outs[0].shape)}"
+            f"{node.where}: the body's condition output '{body.output_names[0]}' must be one "
+            f"bool, got {traced.outs[0].dtype}{list(traced.outs[0].shape)}"
         )
     cond_fixed = cond is None or (_known(cond) and _constant_true(traced))
     if known_trip and cond_fixed:
@@ -488,7 +489,7 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             m: RunCheck(s.failed | checks[m].failed, jnp.where(s.failed, s.value, checks[m].value))
             for m, s in seen.items()
         }
-        keep = outs[0] if cond is not None else keep
+        keep = jnp.reshape(outs[0], ()) if cond is not None else keep
         return i + 1, keep, tuple(outs[1 : 1 + n]), merged
 
     state = (jnp.zeros((), counter), keep, carried, initial_checks)
