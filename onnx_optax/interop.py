@@ -352,6 +352,9 @@ def to_model(
     )
 
     node = to_node(transformation, names, node_name=operator.op_type.lower())
+    shapes: dict[str, list[int]] = {}  # by name, looked up per output (not a list's index)
+    for n, leaf in zip(names, leaves, strict=True):
+        shapes.setdefault(n, list(leaf.shape))
     one = helper.make_tensor("one", onnx.TensorProto.INT64, [], [1])
     algorithm = helper.make_graph(
         [
@@ -364,12 +367,7 @@ def to_model(
             helper.make_tensor_value_info(f"{n}.grad", elem, list(leaf.shape))
             for n, leaf in zip(names, leaves, strict=True)
         ],
-        [
-            helper.make_tensor_value_info(
-                out, elem, list(leaves[names.index(out.split(".")[0])].shape)
-            )
-            for out in node.output
-        ]
+        [helper.make_tensor_value_info(out, elem, shapes[out.split(".")[0]]) for out in node.output]
         + [helper.make_tensor_value_info("T.new", onnx.TensorProto.INT64, [])],
     )
     binding = {inp: out for inp, out in zip(_stored_inputs(node), node.output, strict=True)}

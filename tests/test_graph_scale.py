@@ -527,3 +527,27 @@ def test_a_nested_gradient_counts_its_forward_and_backward_in_the_depth() -> Non
     backend.prepare(model, limits=backend.Limits(gradient_depth=20))
     with pytest.raises(ValueError, match=r"holds 20 nodes, more than the limit of 19"):
         backend.prepare(model, limits=backend.Limits(gradient_depth=19))
+
+
+def test_attach_errors_about_many_names_say_how_many_and_name_a_few() -> None:
+    """trainable= naming 10,000 unknown tensors, a model of 10,000 outputs: each error
+    listed them all."""
+    import onnx_optax
+
+    optimizer = onnx_optax.adagrad(0.1)
+    with pytest.raises(ValueError) as unknown:
+        training.attach(
+            chain(3), loss="mse", optimizer=optimizer, trainable=[f"q{i}" for i in range(10_000)]
+        )
+    assert "trainable ['q0', 'q1'" not in str(unknown.value)
+    assert "10,000 names, the first 5: ['q0', 'q1', 'q2', 'q3', 'q4']" in str(unknown.value)
+    assert len(str(unknown.value)) < 1000
+    model = chain(3)
+    vi = helper.make_tensor_value_info
+    model.graph.node.extend(helper.make_node("Neg", ["x"], [f"o{i}"]) for i in range(10_000))
+    model.graph.output.extend(vi(f"o{i}", F32, SHAPE) for i in range(10_000))
+    for output in (None, "nowhere"):
+        with pytest.raises(ValueError) as outputs:
+            training.attach(model, loss="mse", optimizer=optimizer, output=output)
+        assert "and 9,996 more" in str(outputs.value)
+        assert len(str(outputs.value)) < 1000

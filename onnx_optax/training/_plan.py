@@ -56,7 +56,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_optax._src.onnx_nodes import describe
+from onnx_optax._src.onnx_nodes import LISTED, describe, listed, shown
 from onnx_optax._src.onnx_tensors import read_tensor
 from onnx_optax._src.ops import OPS, STANDARD_DOMAINS
 from onnx_optax.training._model import as_model
@@ -400,13 +400,14 @@ def _names(argument: str, names: Sequence[str], known: Mapping[str, Any]) -> lis
     names = list(names)
     twice = sorted(n for n, k in Counter(names).items() if k > 1)
     if twice:
-        raise ValueError(f"{argument}= names {twice} more than once")
+        raise ValueError(f"{argument}= names {listed(twice)} more than once")
     unknown = [n for n in names if n not in known]
     if unknown:
-        listed = list(known)
+        candidates = list(known)
         raise ValueError(
-            f"{argument} {unknown} are not initializers or Constant nodes of the model's graph; "
-            f"its candidates are {listed[:20]}" + (" ..." if len(listed) > 20 else "")
+            f"{argument} {listed(unknown)} are not initializers or Constant nodes of the "
+            f"model's graph; its candidates are {candidates[:20]}"
+            + (" ..." if len(candidates) > 20 else "")
         )
     return names
 
@@ -473,8 +474,10 @@ def make_plan(
         chosen = _names("trainable", trainable, candidates)
         bad = [f"'{n}' is {kinds[n][1]}" for n in chosen if kinds[n][0] in NEVER]
         if bad:
+            more = f"; and {len(bad) - LISTED:,} more" if len(bad) > LISTED else ""
             raise ValueError(
-                f"trainable names tensors that are not weights: {'; '.join(bad)}. "
+                f"trainable names tensors that are not weights: {'; '.join(bad[:LISTED])}"
+                f"{more}. "
                 "A gradient step would corrupt them; leave them out"
             )
         if not chosen:
@@ -651,15 +654,23 @@ def loss_output(model: onnx.ModelProto, output: str | None, option: str = "outpu
     if output is None:
         if len(names) == 1:
             return names[0]
-        listed = ", ".join(f"'{o.name}' {_shape_text(o)}" for o in graph.output)
         raise ValueError(
-            f"the model has {len(names)} outputs ({listed}); pass {option} to say which one "
-            "the loss reads"
+            f"the model has {len(names)} outputs ({_outputs_text(graph)}); pass {option} to "
+            "say which one the loss reads"
         )
     if output not in names:
-        listed = ", ".join(f"'{o.name}' {_shape_text(o)}" for o in graph.output)
-        raise ValueError(f"output {output!r} is not a graph output; the outputs are {listed}")
+        raise ValueError(
+            f"output {shown(output)!r} is not a graph output; the outputs are "
+            f"{_outputs_text(graph)}"
+        )
     return output
+
+
+def _outputs_text(graph: onnx.GraphProto) -> str:
+    """The graph's outputs with their types, the first LISTED of them where there are more."""
+    shown_outputs = ", ".join(f"'{o.name}' {_shape_text(o)}" for o in graph.output[:LISTED])
+    more = len(graph.output) - LISTED
+    return shown_outputs + (f" and {more:,} more" if more > 0 else "")
 
 
 def _shape_text(value: onnx.ValueInfoProto) -> str:
