@@ -1024,6 +1024,19 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         11,
         r"auto_pad 'VALID' and pads \[0, 0, 0, 0\] cannot be given together",
     ),
+    "MelWeightMatrix upper_edge_hertz past the spectrum": (
+        "MelWeightMatrix",
+        [
+            np.array(4, np.int64),
+            np.array(1, np.int64),
+            np.array(8000, np.int64),
+            np.array(0, np.float32),
+            np.array(4000, np.float32),
+        ],
+        {},
+        17,
+        r"upper_edge_hertz 4000.0 falls in bin 1, past the 1 spectrogram bins",
+    ),
 }
 
 

@@ -228,6 +228,13 @@ def _mel_weight_matrix(
         )
     dtype = tensor_dtype(node["output_datatype"], node.where)
     spectrum = length // 2 + 1
+    # onnxruntime: the bin of upper_edge_hertz, in float32, within the spectrum
+    top = int(np.floor(np.float32(length + 1) * np.float32(high) / np.float32(rate)))
+    if top >= spectrum:
+        raise ValueError(
+            f"{node.where}: upper_edge_hertz {high} falls in bin {top}, past the {spectrum} "
+            f"spectrogram bins (sample_rate {rate}, dft_length {length})"
+        )
     check_size(node, [spectrum, bins], dtype)
     step = (_hertz_to_mel(high) - _hertz_to_mel(low)) / (bins + 2)
     mels = np.arange(bins + 2) * step + _hertz_to_mel(low)
