@@ -1037,6 +1037,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         17,
         r"upper_edge_hertz 4000.0 falls in bin 1, past the 1 spectrogram bins",
     ),
+    "CumSum axis of shape [1, 1]": (
+        "CumSum",
+        [np.ones((2, 3), np.float32), np.array([[1]], np.int64)],
+        {},
+        14,
+        r"axis of shape \[1, 1\] must be a scalar or hold one value in 1-D",
+    ),
+    "Col2Im image_shape of rank 2": (
+        "Col2Im",
+        [np.ones((1, 4, 6), np.float32), np.array([[3, 4]], np.int64), np.array([2, 2], np.int64)],
+        {},
+        18,
+        r"image_shape of shape \[1, 2\] and block_shape of shape \[2\] must be 1-D",
+    ),
 }
 
 

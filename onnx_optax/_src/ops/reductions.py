@@ -124,8 +124,11 @@ def _cumulative(name: str, unit: int) -> Callable[..., Any]:
     """CumSum or CumProd along ``axis`` (an input), ``exclusive`` and ``reverse``."""
 
     def run(node: Node, x: Any, axis: Any) -> Any:
-        if np.size(axis) != 1:
-            raise ValueError(f"{node.where}: axis must hold one value, got {np.size(axis)}")
+        if np.size(axis) != 1 or np.ndim(axis) > 1:  # onnxruntime: "0D or 1D"
+            raise ValueError(
+                f"{node.where}: axis of shape {list(np.shape(axis))} must be a scalar or hold "
+                "one value in 1-D"
+            )
         a = _axis(int(np.asarray(axis).reshape(())), np.ndim(x), node.where)
         reverse, exclusive = _flag(node, "reverse"), _flag(node, "exclusive")
         xp = _xp(x)

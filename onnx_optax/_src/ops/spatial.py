@@ -62,6 +62,11 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
     """``Y[n, c, p] = sum of x[n, c * K + k, l]`` over the blocks ``l`` and block elements
     ``k`` (``K`` per block) that land on image position ``p``:
     ``p = l_pos * stride - pad_begin + k_pos * dilation`` on each axis, inside the image."""
+    if np.ndim(image_shape) != 1 or np.ndim(block_shape) != 1:  # as onnxruntime
+        raise ValueError(
+            f"{node.where}: image_shape of shape {list(np.shape(image_shape))} and block_shape "
+            f"of shape {list(np.shape(block_shape))} must be 1-D"
+        )
     image, block = _ints(image_shape), _ints(block_shape)
     rank = len(image)
     if rank < 1 or len(block) != rank:
