@@ -161,7 +161,23 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     )
     one = np.ones(1, np.int64)
     compress_feeds = {"x": np.ones((4, 2), np.float32), "c": np.array([1, 0, 1], np.bool_)}
+    topk_split = onnx.ModelProto.FromString(seeds["topk_split"])
+    del topk_split.graph.node[1].input[1:]  # Split(x) -> p, q: no split, no num_outputs
+    topk_feeds = {"x": np.ones(4, np.float32), "k": np.array([2]), "sp": np.array([2, 2])}
+    dead = onnx.ModelProto.FromString(fuzz_models.seeds()["mlp"])
+    dead.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((3, 4), np.uint8), "u"))
+    dead.graph.node.append(onnx.helper.make_node("MatMul", ["x", "u"], ["dead"]))
+    einsum = onnx.ModelProto.FromString(seeds["gather"])
+    einsum.graph.node[0].CopyFrom(onnx.helper.make_node("Einsum", ["x"], ["y"], equation="...i->i"))
+    einsum.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 3
+    del einsum.graph.output[0].type.tensor_type.shape.dim[1]
     return {
+        # "Type 'tensor(uint8)' of input parameter (u) of operator (MatMul) in node () is invalid"
+        "a dead node of a type onnxruntime refuses": (dead.SerializeToString(), {"x": x[:, :3]}),
+        # "Inputs have ellipses in them but the provided output subscript does not contain..."
+        "Einsum ...i->i": (einsum.SerializeToString(), {"x": x, "i": i}),
+        # "Neither 'split' input nor 'num_outputs' attribute has been given"
+        "Split without split or num_outputs": (topk_split.SerializeToString(), topk_feeds),
         # "Invalid num_outputs value of 17. Split sizes would produce a negative final split."
         "Split num_outputs past the axis": (compress.SerializeToString(), compress_feeds),
         # "'block_size' must be non-negative."
