@@ -379,6 +379,21 @@ def _graph(dimension: str, n: int) -> Any:
         nodes += [helper.make_node("Neg", ["x"], [f"d{i}"]) for i in range(n)]
     elif dimension == "node inputs":
         nodes = [helper.make_node("Sum", ["x"] * n, ["y"])]
+    elif dimension == "Gemm pairs":  # each pair of one B: batched into one product
+        inputs += [vi("a", F32, [1, 4])]
+        inits = [numpy_helper.from_array(np.ones((4, 4), np.float32), f"b{i}") for i in range(n)]
+        for i in range(n):
+            nodes += [helper.make_node("Gemm", [a, f"b{i}"], [f"{a}{i}"]) for a in ("x", "a")]
+            outputs += [vi(f"{a}{i}", F32, [1, 4]) for a in ("x", "a")]
+        inputs[0] = vi("x", F32, [1, 4])
+        nodes[0], outputs[0] = helper.make_node("Neg", ["a"], ["y"]), vi("y", F32, [1, 4])
+    elif dimension == "Gradients":  # each fused with the Sin it differentiates
+        for i in range(n):
+            nodes.append(helper.make_node("Sin", ["x"], [f"s{i}"]))
+            nodes.append(
+                helper.make_node("Gradient", ["x"], [f"g{i}"], domain=DOMAIN, xs=["x"], y=f"s{i}")
+            )
+            outputs += [vi(f"s{i}", F32, SHAPE), vi(f"g{i}", F32, SHAPE)]
     elif dimension == "subgraphs":  # If nodes, each branch reading x from around it
         inits = [numpy_helper.from_array(np.asarray(True), "c")]
         for i in range(n):
@@ -415,15 +430,21 @@ def _work(dimension: str, n: int) -> int:
         "unread nodes",
         "node inputs",
         "subgraphs",
+        "Gemm pairs",
+        "Gradients",
     ],
 )
 def test_a_graph_is_read_in_work_linear_in_each_dimension(dimension: str) -> None:
     """Twice the inputs (outputs, ...) take about twice the hashes and comparisons of
     names, not four times. Each graph input was looked up in the tuple of all of them
     (10**6 inputs: an hour of prepare); each node with subgraphs copied every name of
-    its graph into their scope."""
+    its graph into their scope; each pair of Gemms to batch, and each Gradient to fuse,
+    looked over every step of the graph."""
     small, large = _work(dimension, 500), _work(dimension, 1000)
     assert large <= 2.3 * small, (small, large)
+    if dimension in ("Gemm pairs", "Gradients"):  # still each pair one product, each fused
+        function = graph_module.GraphFunction(_graph(dimension, 1000), check_shapes=False)
+        assert len(function.schedule) == 1 + 1000
 
 
 def _inputs_model(n: int) -> onnx.ModelProto:

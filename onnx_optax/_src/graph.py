@@ -298,6 +298,11 @@ _ONE_HOT_TYPES = frozenset((1, 10, 11, 16))
 # Graph._constants_function: below this many bytes computed from constants alone, they
 # are computed in the graph on each run.
 HOISTED_BYTES = 1 << 20
+# How many times over its steps a graph may look while batching Gemms (_batched) and
+# fusing Gradients (_fused), together: each set of Gemms looks over the steps between its
+# first and last, each Gradient over the whole schedule. Past that, the rest run as they
+# are (computing the same): 2,000 Gradients took 11 s, and twice as many four times that.
+REORDER_PASSES = 16
 
 # Ops never computed ahead of a run from constant inputs (Graph._split_constants): those
 # that draw random numbers, and those on sequences (not arrays).
@@ -1577,14 +1582,22 @@ class GraphFunction:
                 and len(step.outputs) == 1
             ):
                 groups.setdefault((step.inputs[1:], step.kind), []).append(step)
+        if not any(len(members) > 1 for members in groups.values()):
+            return steps
         reads = self._step_reads(steps)
-        batched = list(steps)
+        position = {id(step): i for i, step in enumerate(steps)}
+        budget = REORDER_PASSES * len(steps)
+        batches: dict[int, _BatchedGemmStep] = {}  # by the id of its first member
+        gone: set[int] = set()
         for members in groups.values():
-            if len(members) < 2:
+            # What the members compute from one another lies between the first and last.
+            first, last = position[id(members[0])], position[id(members[-1])]
+            if len(members) < 2 or last - first >= budget:
                 continue
+            budget -= last - first + 1
             ids = {id(step) for step in members}
             downstream = {name for step in members for name in step.outputs if name}
-            for step in steps:
+            for step in steps[first : last + 1]:
                 if id(step) not in ids and any(name in downstream for name in reads[id(step)]):
                     downstream.update(name for name in step.outputs if name)
             free = [
@@ -1592,14 +1605,17 @@ class GraphFunction:
             ]
             if len(free) < 2:
                 continue
-            gone = {id(step) for step in free}
-            batch = _BatchedGemmStep(free)
+            gone.update(id(step) for step in free)
+            batch = batches[id(free[0])] = _BatchedGemmStep(free)
             reads[id(batch)] = tuple(name for step in free for name in reads[id(step)])
-            at = next(i for i, step in enumerate(batched) if id(step) in gone)
-            batched = [step for step in batched if id(step) not in gone]
-            batched.insert(at, batch)
-        if len(batched) == len(steps):
+        if not batches:
             return steps
+        # Each batch where its first member was.
+        batched = [
+            batches.get(id(step), step)
+            for step in steps
+            if id(step) in batches or id(step) not in gone
+        ]
         order = _sorted_steps(batched, reads)
         return steps if order is None else order
 
@@ -1618,30 +1634,60 @@ class GraphFunction:
 
     def _fused(self, order: list[_Step]) -> list[_Step]:
         """``order`` with each Gradient that can be fused replaced by a
-        :class:`_FusedGradientStep`, the steps it absorbs dropped, re-sorted."""
-        schedule = order
+        :class:`_FusedGradientStep`, the steps it absorbs dropped, re-sorted.
+
+        All at once, sorted once; where that finds a cycle, one Gradient at a time (each
+        sorted on its own) as far as REORDER_PASSES allows. Merging steps adds no way
+        round a cycle, so all at once fuses what one at a time would.
+        """
+        present = {id(step) for step in order}
+        fusions: dict[int, _FusedGradientStep] = {}
+        gone: set[int] = set()
         for step in order:
             if isinstance(step, _GradientStep):
-                schedule = self._fuse(step, schedule) or schedule
+                absorbed = self._absorbable(step, present)
+                absorbed = [inner for inner in absorbed if id(inner) not in gone]
+                if absorbed:
+                    fusions[id(step)] = _FusedGradientStep(step, absorbed)
+                    gone.update(id(inner) for inner in absorbed)
+        if not fusions:
+            return order
+        steps = [fusions.get(id(step), step) for step in order if id(step) not in gone]
+        together = _sorted_steps(steps, self._step_reads(steps))
+        if together is not None:
+            return together
+        schedule = order
+        budget = REORDER_PASSES * len(order)
+        for fusion in fusions.values():
+            if budget >= len(schedule):
+                budget -= len(schedule)  # what one _fuse looks over and sorts
+                schedule = self._fuse(fusion.gradient, schedule) or schedule
         return schedule
+
+    def _absorbable(self, gradient: _GradientStep, present: set[int]) -> list[_Step]:
+        """The steps of ``gradient``'s order (by id among ``present``) that fusing it
+        would absorb; none where it cannot be fused.
+
+        Fused only when the Gradient's inputs are its xs then zs by name (so f's forward
+        reads the values the graph's does) and its order holds standard nodes alone (a
+        nested Gradient keeps its own schedule).
+        """
+        if gradient.inputs != (*gradient.xs, *gradient.zs):
+            return []
+        if not all(isinstance(step, _StandardStep) for step in gradient.order):
+            return []
+        return [step for step in gradient.order if id(step) in present]
 
     def _fuse(self, gradient: _GradientStep, schedule: list[_Step]) -> list[_Step] | None:
         """``schedule`` with ``gradient`` fused with the steps of its order that it holds;
         None where that cannot be done as it is.
 
-        Fused only when the Gradient's inputs are its xs then zs by name (so f's forward
-        reads the values the graph's does) and its order holds standard nodes alone (a
-        nested Gradient keeps its own schedule). The fused step reads what the Gradient
-        reads (its inputs, and what y's nodes read from outside them) and produces what
-        the absorbed steps produce; re-sorting finds a cycle where an x or a z, or what y
-        reads, is computed from an absorbed step's output: then nothing is fused.
+        The fused step reads what the Gradient reads (its inputs, and what y's nodes read
+        from outside them) and produces what the absorbed steps produce; re-sorting finds
+        a cycle where an x or a z, or what y reads, is computed from an absorbed step's
+        output: then nothing is fused.
         """
-        if gradient.inputs != (*gradient.xs, *gradient.zs):
-            return None
-        if not all(isinstance(step, _StandardStep) for step in gradient.order):
-            return None
-        present = {id(step) for step in schedule}
-        absorbed = [step for step in gradient.order if id(step) in present]
+        absorbed = self._absorbable(gradient, {id(step) for step in schedule})
         if not absorbed:
             return None
         fused = _FusedGradientStep(gradient, absorbed)
