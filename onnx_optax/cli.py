@@ -22,6 +22,7 @@ import math
 import os
 import pathlib
 import sys
+import tomllib
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -117,12 +118,29 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def find_benchmark() -> pathlib.Path | None:
-    """``benchmarks/optimizer_step.py`` of the checkout the package runs from, or of the cwd."""
+    """``benchmarks/optimizer_step.py`` of the checkout the package runs from, or of the cwd
+    when the cwd is a clone of onnx_optax (its ``pyproject.toml`` names the project): bench
+    runs that file, so it never runs one that a folder of someone else's holds."""
     source_root = pathlib.Path(onnx_optax.__file__).resolve().parent.parent
-    for root in (source_root, pathlib.Path.cwd()):
-        if (root / BENCHMARK).is_file():
-            return root / BENCHMARK
+    if (source_root / BENCHMARK).is_file():
+        return source_root / BENCHMARK
+    cwd = pathlib.Path.cwd()
+    if (cwd / BENCHMARK).is_file() and _is_clone(cwd):
+        return cwd / BENCHMARK
     return None
+
+
+def _is_clone(root: pathlib.Path) -> bool:
+    """Whether ``root/pyproject.toml`` (read up to 1 MiB) names the project onnx-optax."""
+    try:
+        with open(root / "pyproject.toml", "rb") as file:
+            text = file.read(2**20 + 1)
+        if len(text) > 2**20:
+            return False
+        project = tomllib.loads(text.decode("utf-8")).get("project")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return False
+    return isinstance(project, dict) and project.get("name") == "onnx-optax"
 
 
 def _load(path: pathlib.Path) -> ModuleType:

@@ -199,6 +199,25 @@ def test_bench_finds_the_harness_of_this_checkout(monkeypatch: pytest.MonkeyPatc
     assert path is not None and path.name == "optimizer_step.py"
 
 
+def test_bench_runs_no_harness_of_a_folder_that_is_not_a_clone(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench executes the harness it finds: in the cwd, only a clone's (its pyproject.toml
+    names onnx-optax), never the benchmarks/ of a stranger's folder."""
+    harness = tmp_path / "benchmarks" / "optimizer_step.py"
+    harness.parent.mkdir()
+    harness.write_text("raise SystemExit('a stranger ran')\n")
+    monkeypatch.chdir(tmp_path)
+    # The package's own source has no harness beside it (an installed wheel).
+    monkeypatch.setattr(cli.onnx_optax, "__file__", str(tmp_path / "site" / "onnx_optax" / "x.py"))
+    assert cli.find_benchmark() is None
+    for text in ("", "[project]\nname = 'other'\n", "[project\n", "\xff"):
+        (tmp_path / "pyproject.toml").write_text(text, encoding="latin-1")
+        assert cli.find_benchmark() is None, text
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'onnx-optax'\n")
+    assert cli.find_benchmark() == harness
+
+
 # ----------------------------------------------------------------------------- attach, check, train
 
 
