@@ -69,6 +69,8 @@ def _lacks(message: str, model: onnx.ModelProto | None) -> bool:
     """Whether onnxruntime's ``message`` says it lacks a feature, not that the model is wrong."""
     if model is not None and _beyond_onnx(model):
         return False  # an opset or IR version past onnx's: ours must refuse it as well
+    if re.search(r"data type:? 0\b", message):
+        return False  # "Unsupported data type: 0" is UNDEFINED, no type onnx defines
     return any(re.search(pattern, message) for pattern in ORT_LACKS)
 
 

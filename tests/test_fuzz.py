@@ -171,7 +171,12 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     einsum.graph.node[0].CopyFrom(onnx.helper.make_node("Einsum", ["x"], ["y"], equation="...i->i"))
     einsum.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 3
     del einsum.graph.output[0].type.tensor_type.shape.dim[1]
+    lrn = _declared_input(onnx.ModelProto.FromString(seeds["gather"]), TensorProto.FLOAT, [1, 5, 3])
+    lrn.graph.node[0].CopyFrom(onnx.helper.make_node("LRN", ["x"], ["y"], size=2))
+    lrn.graph.output[0].type.CopyFrom(lrn.graph.input[0].type)
     return {
+        # "size_ % 2 == 1 was false."
+        "LRN of an even size": (lrn.SerializeToString(), {"x": x.reshape(1, 5, 3), "i": i}),
         # "Type 'tensor(uint8)' of input parameter (u) of operator (MatMul) in node () is invalid"
         "a dead node of a type onnxruntime refuses": (dead.SerializeToString(), {"x": x[:, :3]}),
         # "Inputs have ellipses in them but the provided output subscript does not contain..."
