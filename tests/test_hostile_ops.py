@@ -1053,6 +1053,68 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
     ),
 }
 
+# Shape-like inputs of the wrong rank, refused by onnxruntime's kernels (issue 33): each read
+# as its flattened values was a result.
+_X = np.ones((2, 3), np.float32)
+_MATRIX = {  # case: (op, inputs, attributes, opset, the input's name in the message, its shape)
+    "Reshape shape": ("Reshape", [_X, np.array([[3, 2]])], {}, 21, "shape", [1, 2]),
+    "Tile repeats": ("Tile", [_X, np.array([[1, 2]])], {}, 21, "repeats", [1, 2]),
+    "Slice starts": ("Slice", [_X, np.array([[0]]), np.array([1])], {}, 21, "starts", [1, 1]),
+    "Slice ends": ("Slice", [_X, np.array([0]), np.array([[1]])], {}, 21, "ends", [1, 1]),
+    "Squeeze axes": ("Squeeze", [np.ones((1, 3), np.float32), np.array(0)], {}, 21, "axes", []),
+    "Unsqueeze axes": ("Unsqueeze", [_X, np.array([[0]])], {}, 21, "axes", [1, 1]),
+    "Split split": ("Split", [_X, np.array([[3]])], {"axis": 1}, 21, "split", [1, 1]),
+    "ReduceSum axes": ("ReduceSum", [_X, np.array(1)], {}, 21, "axes", []),
+    "ReduceMax axes": ("ReduceMax", [_X, np.array([[1]])], {}, 21, "axes", [1, 1]),
+    "CenterCropPad shape": ("CenterCropPad", [_X, np.array([[1, 2]])], {}, 21, "shape", [1, 2]),
+    "AffineGrid size": (
+        "AffineGrid",
+        [np.zeros((1, 2, 3), np.float32), np.array([[1, 1, 2, 2]])],
+        {},
+        20,
+        "size",
+        [1, 4],
+    ),
+    "MaxUnpool output_shape": (
+        "MaxUnpool",
+        [
+            np.ones((1, 1, 2, 2), np.float32),
+            np.zeros((1, 1, 2, 2), np.int64),
+            np.array([[1, 1, 4, 4]]),
+        ],
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        21,
+        "output_shape",
+        [1, 4],
+    ),
+    "Pad pads": ("Pad", [_X, np.array([[1, 1], [1, 1]])], {}, 21, "pads", [2, 2]),
+    "Trilu k": ("Trilu", [_X, np.array([[1]])], {}, 21, "k", [1, 1]),
+    "DFT dft_length": (
+        "DFT",
+        [np.ones((1, 16, 1), np.float32), np.array([[16]])],
+        {},
+        20,
+        "dft_length",
+        [1, 1],
+    ),
+    "Range start": (
+        "Range",
+        [np.array([[0.0]], np.float32), np.array(5, np.float32), np.array(1, np.float32)],
+        {},
+        21,
+        "start",
+        [1, 1],
+    ),
+}
+for _case, (_op, _inputs, _attributes, _opset, _name, _shape) in _MATRIX.items():
+    REFUSED_AS_BY_ONNXRUNTIME[f"{_case} of shape {_shape}"] = (
+        _op,
+        [v.astype(np.int64) if v.dtype == np.int_ else v for v in _inputs],
+        _attributes,
+        _opset,
+        rf"{_name} of shape {re.escape(str(_shape))} must be ",
+    )
+
 
 def _one_node(
     op: str, inputs: list[Any], attributes: dict[str, Any], opset: int, fed: bool

@@ -288,3 +288,21 @@ def _flag(node: Node, name: str, default: int = 0) -> bool:
     if value not in (0, 1):
         raise ValueError(f"{node.where}: {name} {value} must be 0 or 1")
     return bool(value)
+
+
+def _vector(node: Node, value: Any, name: str, scalar: bool = False) -> None:
+    """A shape-like input (Reshape's shape, Slice's starts, a Reduce's axes, ...) must be 1-D,
+    or also a scalar where ``scalar``, as onnxruntime's kernels require; None passes."""
+    if value is not None and not (np.ndim(value) == 1 or (scalar and np.ndim(value) == 0)):
+        kind = "1-D or a scalar" if scalar else "1-D"
+        raise ValueError(f"{node.where}: {name} of shape {list(np.shape(value))} must be {kind}")
+
+
+def _scalar_like(node: Node, value: Any, name: str) -> None:
+    """A one-value input (Range's bounds, Trilu's k, DFT's dft_length): a scalar or a 1-D
+    tensor of one value, as onnxruntime's kernels require; None passes."""
+    if value is not None and (np.ndim(value) > 1 or np.size(value) != 1):
+        raise ValueError(
+            f"{node.where}: {name} of shape {list(np.shape(value))} must be a scalar or hold "
+            "one value in 1-D"
+        )

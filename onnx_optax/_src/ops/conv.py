@@ -26,6 +26,7 @@ from onnx_optax._src.ops.arrays import (
     _canonical,
     _cast,
     _same_dtype,
+    _vector,
     check_at_run,
     check_size,
     is_static,
@@ -975,6 +976,7 @@ def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> A
         (size - 1) * s - pads[i] - pads[n + i] + k
         for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=True))
     ]
+    _vector(node, output_shape, "output_shape")
     shape = inferred if output_shape is None else [int(d) for d in np.reshape(output_shape, -1)]
     if len(shape) != x.ndim or any(d < i for d, i in zip(shape, inferred, strict=True)):
         raise ValueError(

@@ -25,6 +25,7 @@ import numpy as np
 from onnx_optax._src.ops.arrays import (
     _axes,
     _canonical,
+    _vector,
     check_size,
 )
 from onnx_optax._src.ops.registry import Node, register
@@ -507,6 +508,7 @@ def _base_axis(size: int, align: bool) -> np.ndarray:
 def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
     """``grid[n, d, h, w] = theta[n] @ (x_w, y_h, z_d, 1)``, the normalized base grid
     transformed (2-D: ``theta`` (N, 2, 3) and size (N, C, H, W); 3-D: (N, 3, 4), 5 sizes)."""
+    _vector(node, size, "size")
     dims = [int(d) for d in np.asarray(size).reshape(-1)]
     align = int(node.get("align_corners", 0))
     if align not in (0, 1):

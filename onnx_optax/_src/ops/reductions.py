@@ -24,6 +24,7 @@ from onnx_optax._src.ops.arrays import (
     _canonical,
     _cast,
     _flag,
+    _vector,
     _xp,
     _xp_sized,
     check_size,
@@ -35,6 +36,7 @@ def _reduction(
     fn: Callable[..., Any], empty: Callable[[Any], Any] | None = None
 ) -> Callable[..., Any]:
     def run(node: Node, x: Any, axes: Any = None) -> Any:
+        _vector(node, axes, "axes")
         picked = _axes_of(node, axes)
         keepdims = bool(node.get("keepdims", 1))
         if not picked:

@@ -32,6 +32,8 @@ from onnx_optax._src.ops.arrays import (
     _ints,
     _is_int,
     _same_dtype,
+    _scalar_like,
+    _vector,
     _xp,
     check_at_run,
     check_size,
@@ -89,6 +91,8 @@ def _range(node: Node, start: Any, limit: Any, delta: Any) -> Any:
     overflows int64) and the values computed in one array of the output's type,
     whose wrap-around arithmetic is exact for values that fit it.
     """
+    for name, value in (("start", start), ("limit", limit), ("delta", delta)):
+        _scalar_like(node, value, name)
     _same_dtype(node, start, limit, delta)
     dtype = np.dtype(start.dtype)
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
@@ -159,6 +163,7 @@ def _reshaped(node: Node, shape: tuple[int, ...], dims: list[int]) -> list[int]:
 
 @register("Reshape", static=(1,))
 def _reshape(node: Node, x: Any, shape: Any = None) -> Any:
+    _vector(node, shape, "shape")
     dims = _reshaped(node, np.shape(x), _ints(node.get("shape") if shape is None else shape))
     return _xp(x).reshape(x, dims)
 
@@ -184,6 +189,7 @@ def _transpose(node: Node, x: Any) -> Any:
 
 @register("Squeeze", static=(1,))
 def _squeeze(node: Node, x: Any, axes: Any = None) -> Any:
+    _vector(node, axes, "axes")
     picked = _axes_of(node, axes)
     if picked is None:
         picked = [i for i, d in enumerate(x.shape) if d == 1]
@@ -195,6 +201,7 @@ def _squeeze(node: Node, x: Any, axes: Any = None) -> Any:
 
 @register("Unsqueeze", static=(1,))
 def _unsqueeze(node: Node, x: Any, axes: Any = None) -> Any:
+    _vector(node, axes, "axes", scalar=True)
     picked = _axes_of(node, axes)
     if picked is None:
         raise ValueError(f"{node.where}: Unsqueeze needs axes")
@@ -223,6 +230,7 @@ def _concat(node: Node, *xs: Any) -> Any:
 @register("Split", static=(1,))
 def _split(node: Node, x: Any, split: Any = None) -> Any:
     axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    _vector(node, split, "split")
     size = x.shape[axis]
     sizes = _ints(split) if split is not None else node.get("split")
     n = node.n_outputs
@@ -255,6 +263,9 @@ def _slice(
 ) -> Any:
     if node.opset < 10:
         starts, ends, axes = node.get("starts"), node.get("ends"), node.get("axes")
+    else:
+        for name, value in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps)):
+            _vector(node, value, name)
     rank = np.ndim(x)
     starts_, ends_ = _ints(starts), _ints(ends)
     axes_ = list(range(len(starts_))) if axes is None else _ints(axes)
@@ -326,6 +337,7 @@ def _expand(node: Node, x: Any, shape: Any) -> Any:
 
 @register("Tile", static=(1,))
 def _tile(node: Node, x: Any, repeats: Any) -> Any:
+    _vector(node, repeats, "repeats")
     reps = _ints(repeats)
     if len(reps) != np.ndim(x):
         raise ValueError(f"{node.where}: repeats {reps} do not match rank {np.ndim(x)}")
@@ -353,6 +365,10 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
         amounts = [int(p) for p in node.get("pads") or node.get("paddings")]
         fill = np.asarray(node.get("value", 0.0), x.dtype)
     else:
+        if np.ndim(pads) != 1 and not (np.ndim(pads) == 2 and np.shape(pads)[0] == 1):
+            raise ValueError(
+                f"{node.where}: pads of shape {list(np.shape(pads))} must be 1-D (or [1, n])"
+            )
         amounts = _ints(pads)
         fill = np.zeros((), x.dtype) if value is None else value
     picked = list(range(rank)) if axes is None else list(_axes(_ints(axes), rank, node.where))
@@ -397,6 +413,7 @@ def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
     one padded to ``s > d`` gets ``(s - d) // 2`` zeros before and the rest after.
     """
     rank = np.ndim(x)
+    _vector(node, shape, "shape")
     given = node.get("axes")
     axes = list(range(rank)) if given is None else list(_axes(given, rank, node.where))
     sizes = _ints(shape)
@@ -608,8 +625,7 @@ def _trilu(node: Node, x: Any, k: Any = None) -> Any:
     """The upper (``upper=1``) or lower triangle of the last two axes, shifted by ``k``."""
     if np.ndim(x) < 2:
         raise ValueError(f"{node.where}: the input has shape {list(np.shape(x))}; it needs rank 2")
-    if k is not None and np.size(k) != 1:
-        raise ValueError(f"{node.where}: k must hold one value, got {np.size(k)}")
+    _scalar_like(node, k, "k")
     shift = 0 if k is None else int(np.asarray(k).reshape(()))
     rows, cols = np.shape(x)[-2:]
     r = np.arange(rows).reshape(rows, 1)

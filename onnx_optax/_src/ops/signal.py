@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import _axis, _canonical, _int_check, check_size
+from onnx_optax._src.ops.arrays import _axis, _canonical, _int_check, _scalar_like, check_size
 from onnx_optax._src.ops.registry import Node, register
 
 # ----------------------------------------------------------------------------- helpers
@@ -108,6 +108,7 @@ def _dft(node: Node, x: Any, dft_length: Any = None, axis: Any = None) -> Any:
     if dft_length is None or np.size(dft_length) == 0:
         length = 2 * (x.shape[where] - 1) if inverse and onesided else x.shape[where]
     else:
+        _scalar_like(node, dft_length, "dft_length")  # onnxruntime: a 2-D one is refused
         length = _scalar(node, dft_length, "dft_length")
     if length < 1:
         raise ValueError(f"{node.where}: dft_length is {length}; it must be positive")
