@@ -49,6 +49,7 @@ def onnxruntime_refuses(model: onnx.ModelProto) -> str:
         ("", 10**9),
         ("ai.onnx.ml", NEWEST_ML + 1),
         ("ai.onnx.preview.training", 2),
+        ("ai.onnx.preview", 2),
     ],
 )
 def test_an_opset_beyond_the_installed_onnx_is_refused(domain: str, version: int) -> None:
