@@ -1097,6 +1097,22 @@ _MATRIX = {  # case: (op, inputs, attributes, opset, the input's name in the mes
         "dft_length",
         [1, 1],
     ),
+    "OneHot values": (
+        "OneHot",
+        [np.array([1]), np.array(3), np.array([[0.0], [1.0]], np.float32)],
+        {},
+        21,
+        "values",
+        [2, 1],
+    ),
+    "OneHot depth": (
+        "OneHot",
+        [np.array([1]), np.array([[3]]), np.array([0.0, 1.0], np.float32)],
+        {},
+        21,
+        "depth",
+        [1, 1],
+    ),
     "Range start": (
         "Range",
         [np.array([[0.0]], np.float32), np.array(5, np.float32), np.array(1, np.float32)],

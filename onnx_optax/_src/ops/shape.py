@@ -595,6 +595,8 @@ def _scatter_elements(node: Node, data: Any, indices: Any, updates: Any) -> Any:
 def _one_hot(node: Node, indices: Any, depth: Any, values: Any) -> Any:
     """``values[1]`` where an index (negative ones from ``-depth``) hits, else ``values[0]``;
     an index outside ``[-depth, depth)`` gives a row of ``values[0]``, as ONNX says."""
+    _scalar_like(node, depth, "depth")  # onnx's type inference, which onnxruntime runs
+    _vector(node, values, "values")
     if np.size(depth) != 1 or np.size(values) != 2:
         raise ValueError(
             f"{node.where}: depth must hold one value and values two, got {np.size(depth)} "
