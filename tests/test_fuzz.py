@@ -174,7 +174,16 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     lrn = _declared_input(onnx.ModelProto.FromString(seeds["gather"]), TensorProto.FLOAT, [1, 5, 3])
     lrn.graph.node[0].CopyFrom(onnx.helper.make_node("LRN", ["x"], ["y"], size=2))
     lrn.graph.output[0].type.CopyFrom(lrn.graph.input[0].type)
+    empty = onnx.ModelProto.FromString(fuzz_models.seeds()["cnn"])
+    empty.graph.node[0].attribute.append(
+        onnx.helper.make_attribute("dilations", [], attr_type=onnx.AttributeProto.INTS)
+    )
     return {
+        # "Node () Op (Conv) [ShapeInferenceError] Attribute dilations has incorrect size"
+        "Conv dilations = []": (
+            empty.SerializeToString(),
+            {"x": np.ones((2, 1, 4, 4), np.float32)},
+        ),
         # "size_ % 2 == 1 was false."
         "LRN of an even size": (lrn.SerializeToString(), {"x": x.reshape(1, 5, 3), "i": i}),
         # "Type 'tensor(uint8)' of input parameter (u) of operator (MatMul) in node () is invalid"
