@@ -572,3 +572,43 @@ def test_attach_errors_about_many_names_say_how_many_and_name_a_few() -> None:
             training.attach(model, loss="mse", optimizer=optimizer, output=output)
         assert "and 9,996 more" in str(outputs.value)
         assert len(str(outputs.value)) < 1000
+
+
+def test_a_subgraph_runs_on_what_it_reads_not_a_copy_of_every_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each If's branch copied every value of the graph around it when it ran."""
+    held: list[int] = []
+    original = graph_module._StandardStep.run
+
+    def run(self: Any, env: Any) -> None:
+        if self.node.name.startswith("branch"):
+            held.append(len(env))
+        original(self, env)
+
+    monkeypatch.setattr(graph_module._StandardStep, "run", run)
+
+    def values(n: int) -> int:
+        vi = helper.make_tensor_value_info
+        nodes, h = [], "x"
+        for i in range(n):
+            branches = {
+                f"{b}_branch": helper.make_graph(
+                    [helper.make_node(op, [h], [f"{b}{i}"], name=f"branch{b}{i}")],
+                    f"{b}{i}",
+                    [],
+                    [vi(f"{b}{i}", F32, SHAPE)],
+                )
+                for b, op in (("then", "Neg"), ("else", "Abs"))
+            }
+            nodes.append(helper.make_node("If", ["c"], [f"o{i}"], **branches))
+            h = f"o{i}"
+        inits = [numpy_helper.from_array(np.asarray(True), "c")]
+        model = _model(nodes, [vi("x", F32, SHAPE)], [vi(h, F32, SHAPE)], inits)
+        held.clear()
+        got = backend.prepare(model).run([X])[0]
+        np.testing.assert_array_equal(got, X * (-1) ** n)
+        return sum(held)
+
+    small, large = values(100), values(200)
+    assert large <= 2.3 * small, (small, large)

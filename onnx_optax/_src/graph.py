@@ -556,7 +556,7 @@ class Subgraph:
                 f"subgraph '{function.name}' takes {len(self.input_names)} inputs "
                 f"{list(self.input_names)}, given {len(inputs)}"
             )
-        env: Env = dict(self.env)
+        env: Env = {name: self.env[name] for name in function.outer_reads if name in self.env}
         env.update(function.static)
         env.update((n, host_array(f"initializer '{n}'", v)) for n, v in function.params.items())
         env.update(zip(self.input_names, inputs, strict=True))
@@ -1225,6 +1225,11 @@ class GraphFunction:
                 step.order = self._batched(step.order)
         # Only the initializers the outputs need are read: an unused one may be huge.
         read = {*self.output_names, *(name for i in needed for name in self._deps(i))}
+        # What a subgraph reads from the graphs around it: all of their values a call takes
+        # (a copy of every value of the enclosing graph, per If run, grew with both).
+        self.outer_reads = tuple(
+            name for name in read if name not in self._available and name not in self._producer
+        )
         values = dict(outer)
         for name, init in initializers.items():
             if name in read:
