@@ -1182,3 +1182,18 @@ def test_batch_normalization_outputs_must_fit_its_training_mode(
     message = rf"training_mode {training} needs {3 if training else 1} output"
     with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.BatchNormalization\): {message}"):
         _ours(model, feeds)
+
+
+@pytest.mark.parametrize("pads", [[0, -5, 0, 4], [-4, 0, 3, 0], [0, 4, 0, -6]])
+def test_pad_cropping_past_the_data_eats_the_far_padding(pads: list[int]) -> None:
+    """A negative pad larger than the axis removes the data and as much of the other side's
+    padding: the axis ends dim + begin + end long, as onnxruntime computes it (on 06e59d0 the
+    data was cropped first and the other side padded in full: a result of the wrong shape)."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model, feeds = _one_node(
+        "Pad", [x, np.array(pads, np.int64), np.array(7, np.float32)], {}, 21, True
+    )
+    (want,) = _onnxruntime(model, feeds)
+    (got,) = _ours(model, feeds)
+    assert np.shape(got) == want.shape
+    np.testing.assert_array_equal(got, want)

@@ -383,6 +383,12 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
                 f"{node.where}: pads {amounts} leave axis {axis} of size {x.shape[axis]} with "
                 f"{x.shape[axis] + lo + hi}"
             )
+    for axis, (lo, hi) in enumerate(widths):  # a crop past the data eats the far padding
+        d = x.shape[axis]
+        if -lo > d:
+            widths[axis] = [-d, hi + lo + d]
+        elif -hi > d:
+            widths[axis] = [lo + hi + d, -d]
     # negative pads crop
     crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))
     x = x[crop]
