@@ -822,3 +822,30 @@ def test_a_loop_body_giving_its_condition_as_one_element_runs_as_in_onnxruntime(
     feeds = {"M": np.array(10), "c": np.array(True), "s0": np.array([1.0, 2.0], np.float32)}
     (f,) = assert_as_onnxruntime(model, feeds)
     assert f.sum() > 40
+
+
+def test_a_body_input_naming_its_own_initializer_is_no_input_of_the_node() -> None:
+    """A subgraph input that is also its initializer (IR 3 style) is a default, as
+    onnxruntime reads it: the body still fits a Scan of one state and one scan input."""
+    nodes = [
+        helper.make_node("Add", ["s_in", "e"], ["t"]),
+        helper.make_node("Mul", ["t", "k"], ["s_out"]),
+        helper.make_node("Identity", ["s_out"], ["y"]),
+    ]
+    scan_body = helper.make_graph(
+        nodes,
+        "b",
+        [vi("s_in", F32, [2]), vi("e", F32, [2]), vi("k", F32, [])],
+        [vi("s_out", F32, [2]), vi("y", F32, [2])],
+        initializer=[numpy_helper.from_array(np.array(0.5, np.float32), "k")],
+    )
+    scan = helper.make_node(
+        "Scan", ["s0", "xs"], ["f", "ys"], name="scan", body=scan_body, num_scan_inputs=1
+    )
+    model = make_model(
+        [scan],
+        [vi("s0", F32, [2]), vi("xs", F32, [3, 2])],
+        [vi("f", F32, [2]), vi("ys", F32, [3, 2])],
+    )
+    feeds = {"s0": np.ones(2, np.float32), "xs": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    assert_as_onnxruntime(model, feeds)

@@ -182,9 +182,15 @@ class _Formal(NamedTuple):
     dims: tuple[int | None, ...] | None = None  # a tensor's declared shape (None: a dim param)
 
 
+def _formal_inputs(graph: Any) -> list[Any]:
+    """A subgraph's inputs, less those that name its initializers (defaults, not inputs)."""
+    initializers = {t.name for t in graph.initializer}
+    return [value for value in graph.input if value.name not in initializers]
+
+
 def _formal(graph: Any) -> tuple[_Formal, ...]:
     found = []
-    for value in graph.input:
+    for value in _formal_inputs(graph):
         kind = value.type.WhichOneof("value")
         inner = value.type
         while inner.WhichOneof("value") in ("sequence_type", "optional_type"):
@@ -212,9 +218,10 @@ def _signature(node: Node, name: str, inputs: int, outputs: int) -> tuple[_Forma
     graph = node[name]
     if not isinstance(graph, onnx.GraphProto):
         return ()
-    if len(graph.input) != inputs:
+    taken = len(_formal_inputs(graph))
+    if taken != inputs:
         raise ValueError(
-            f"{node.where}: {name} takes {len(graph.input)} inputs; it must take "
+            f"{node.where}: {name} takes {taken} inputs; it must take "
             + (f"{inputs}" if inputs else "none")
         )
     if len(graph.output) != outputs:
