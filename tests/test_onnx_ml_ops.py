@@ -386,6 +386,16 @@ def test_binarizer_of_a_nan_fails_after_the_run_as_in_onnxruntime() -> None:
     np.testing.assert_array_equal(y, [1, 1, 0])
 
 
+@pytest.mark.parametrize("threshold", [np.nan, np.inf, -np.inf, 1e30, 1.5])
+def test_binarizer_of_integers_compares_with_any_threshold(threshold: float) -> None:
+    """``x > threshold`` exactly, a non-finite or huge threshold included (no error)."""
+    node = ml_node("Binarizer", ["X"], ["Y"], threshold=threshold)
+    model = node_model(node, [("X", I64, 1)], [("Y", I64, 1)])
+    x = np.array([-3, 1, 2, 7], np.int64)
+    (y,) = backend.prepare(model).run({"X": x})
+    np.testing.assert_array_equal(y, (x > threshold).astype(np.int64))
+
+
 @pytest.mark.parametrize(
     "node",
     [

@@ -397,6 +397,8 @@ def _binarizer(node: Node, x: Any) -> Any:
         check_at_run(f"{node.where}: input X holds {{}}, which is no number", _xp(x).isnan(x), x)
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.integer):
+        if math.isnan(threshold) or math.isinf(threshold):  # nothing is above NaN or inf
+            return jnp.full(x.shape, int(threshold == -math.inf), x.dtype)
         info = jnp.iinfo(x.dtype)
         edge = math.floor(threshold)
         if edge >= info.max or edge < info.min:
