@@ -150,16 +150,12 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     )
     int4 = onnx.ModelProto.FromString(seeds["int4"])
     int4.graph.node[0].attribute.append(onnx.helper.make_attribute("block_size", -1))
-    scalar_starts = _declared_input(
-        onnx.ModelProto.FromString(seeds["slice_tile"]), TensorProto.INT64, [], index=1
-    )
     cnn = onnx.ModelProto.FromString(seeds["cnn"])
     cnn.graph.output[0].type.CopyFrom(
         onnx.helper.make_sequence_type_proto(
             onnx.helper.make_tensor_type_proto(TensorProto.FLOAT, None)
         )
     )
-    one = np.ones(1, np.int64)
     compress_feeds = {"x": np.ones((4, 2), np.float32), "c": np.array([1, 0, 1], np.bool_)}
     topk_split = onnx.ModelProto.FromString(seeds["topk_split"])
     del topk_split.graph.node[1].input[1:]  # Split(x) -> p, q: no split, no num_outputs
@@ -196,11 +192,6 @@ def _open_findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
         "Split num_outputs past the axis": (compress.SerializeToString(), compress_feeds),
         # "'block_size' must be non-negative."
         "DequantizeLinear block_size < 0": (int4.SerializeToString(), {}),
-        # "Starts must be a 1-D array"
-        "Slice starts a scalar": (
-            scalar_starts.SerializeToString(),
-            {"x": np.ones(4, np.float32), "s": np.array(1), "e": one, "r": one},
-        ),
         # "Type (seq(tensor(float))) of output arg (y) of node () does not match expected type"
         "an output declared a sequence": (
             cnn.SerializeToString(),
