@@ -14,6 +14,7 @@ crash or a hang as a failure instead of losing pytest. By hand::
     python -m tests.fuzz_models --examples 2000 --seed 7   # another stream of examples
     python -m tests.fuzz_models --mutations op --seeds cnn,indexing --examples 500 --seed 3
     python -m tests.fuzz_models --examples 3000 --seed 5 --findings f.txt  # log each, go on
+    python -m tests.fuzz_models --differential --examples 2000 --seed 3  # against onnxruntime
 """
 
 from __future__ import annotations
