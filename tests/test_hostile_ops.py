@@ -1051,6 +1051,53 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         18,
         r"image_shape of shape \[1, 2\] and block_shape of shape \[2\] must be 1-D",
     ),
+    "QuantizeLinear block_size -1": (
+        "QuantizeLinear",
+        [np.ones((2, 4), np.float32), np.array(0.5, np.float32), np.array(0, np.uint8)],
+        {"axis": 1, "block_size": -1},
+        21,
+        r"block_size -1 must be",
+    ),
+    "QuantizeLinear block_size 2 with a per-tensor scale": (
+        "QuantizeLinear",
+        [np.ones((2, 4), np.float32), np.array(0.5, np.float32), np.array(0, np.uint8)],
+        {"axis": 1, "block_size": 2},
+        21,
+        r"block_size 2 needs a blocked y_scale; y_scale of shape \[\] is per tensor",
+    ),
+    "DequantizeLinear block_size 2 with a per-tensor scale": (
+        "DequantizeLinear",
+        [np.ones((2, 4), np.uint8), np.array([0.5], np.float32), np.array([0], np.uint8)],
+        {"axis": 1, "block_size": 2},
+        21,
+        r"block_size 2 needs a blocked x_scale; x_scale of shape \[1\] is per tensor",
+    ),
+    "Attention q_num_heads unlike Q's heads": (
+        "Attention",
+        [np.ones((1, 2, 3, 4), np.float32)] * 3,
+        {"q_num_heads": 3, "kv_num_heads": 2},
+        23,
+        r"q_num_heads 3 differs from the 2 heads of Q of shape \[1, 2, 3, 4\]",
+    ),
+    "Attention kv_num_heads unlike K's heads": (
+        "Attention",
+        [np.ones((1, 2, 3, 4), np.float32)] * 3,
+        {"q_num_heads": 2, "kv_num_heads": 1},
+        23,
+        r"kv_num_heads 1 differs from the 2 heads of K of shape \[1, 2, 3, 4\]",
+    ),
+    "RotaryEmbedding num_heads -1": (
+        "RotaryEmbedding",
+        [
+            np.ones((1, 2, 3, 4), np.float32),
+            np.ones((4, 2), np.float32),
+            np.ones((4, 2), np.float32),
+            np.array([[0, 1, 2]], np.int64),
+        ],
+        {"num_heads": -1},
+        23,
+        r"num_heads -1 must not be negative",
+    ),
 }
 
 # Shape-like inputs of the wrong rank, refused by onnxruntime's kernels (issue 33): each read

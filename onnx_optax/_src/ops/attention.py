@@ -98,6 +98,8 @@ def _rotary_embedding(
     rank = np.ndim(x)
     if rank not in (3, 4):
         raise ValueError(f"{node.where}: X of shape {_shape(x)} must be 3-D or 4-D")
+    if int(node.get("num_heads", 0)) < 0:  # onnxruntime refuses it, 4-D X or not
+        raise ValueError(f"{node.where}: num_heads {node['num_heads']} must not be negative")
     if _shape(cos_cache) != _shape(sin_cache):  # onnxruntime refuses two shapes
         raise ValueError(
             f"{node.where}: cos_cache of shape {_shape(cos_cache)} and sin_cache of shape "
@@ -198,6 +200,16 @@ def _attention_inputs(node: Node, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any
         raise ValueError(
             f"{node.where}: q_num_heads and kv_num_heads are for 3-D inputs; Q, K and V are 4-D"
         )
+    else:  # given with 4-D inputs, they must agree with them (onnxruntime checks it)
+        for name, heads, label, x in (
+            ("q_num_heads", q_heads, "Q", q),
+            ("kv_num_heads", kv_heads, "K", k),
+        ):
+            if heads and int(heads) != np.shape(x)[1]:
+                raise ValueError(
+                    f"{node.where}: {name} {heads} differs from the {np.shape(x)[1]} heads of "
+                    f"{label} of shape {_shape(x)}"
+                )
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     if (
         len({q.shape[0], k.shape[0], v.shape[0]}) != 1

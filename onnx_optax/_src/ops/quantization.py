@@ -71,13 +71,18 @@ def _per_element(
     ``block_size`` times, the last one cut short), X's shape elsewhere.
     """
     dims = tuple(int(d) for d in np.shape(value))
+    if block < 0:  # onnxruntime: "'block_size' must be non-negative"
+        raise ValueError(f"{node.where}: block_size {block} must be positive")
     if len(dims) == 0 or (len(dims) == 1 and dims[0] == 1):
+        if block:  # onnxruntime: "block_size must be 0 for per-tensor quantization"
+            raise ValueError(
+                f"{node.where}: block_size {block} needs a blocked {name}; {name} of shape "
+                f"{list(dims)} is per tensor"
+            )
         return value.reshape(())
     if node.opset < 13:
         raise ValueError(f"{node.where}: {name} of shape {list(dims)} must be a scalar at opset 10")
     rank = len(shape)
-    if block < 0:
-        raise ValueError(f"{node.where}: block_size {block} must be positive")
     if not block:
         axis = _axis(axis, rank, node.where)
         if dims != (shape[axis],):
