@@ -612,3 +612,26 @@ def test_a_subgraph_runs_on_what_it_reads_not_a_copy_of_every_value(
 
     small, large = values(100), values(200)
     assert large <= 2.3 * small, (small, large)
+
+
+def test_a_gradient_counts_the_chains_inside_the_subgraphs_it_differentiates() -> None:
+    """An If whose branch is a chain of 30 Sin: 31 deep for a Gradient around it."""
+    vi = helper.make_tensor_value_info
+    chain_nodes = [
+        helper.make_node("Sin", ["x" if i == 0 else f"s{i - 1}"], [f"s{i}"]) for i in range(30)
+    ]
+    then = helper.make_graph(chain_nodes, "then", [], [vi("s29", F32, SHAPE)])
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", F32, SHAPE)]
+    )
+    nodes = [
+        helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        helper.make_node("Gradient", ["x", "c"], ["g"], domain=DOMAIN, xs=["x"], zs=["c"], y="y"),
+    ]
+    inputs = [vi("x", F32, SHAPE), vi("c", TensorProto.BOOL, [])]
+    model = _model(nodes, inputs, [vi("g", F32, SHAPE)], [])
+    rep = backend.prepare(model, limits=backend.Limits(gradient_depth=31))
+    got = rep.run([X, np.asarray(True)])[0]
+    np.testing.assert_allclose(got, _sin_chain_derivative(30), rtol=1e-5)
+    with pytest.raises(ValueError, match=r"holds 31 nodes, more than the limit of 30"):
+        backend.prepare(model, limits=backend.Limits(gradient_depth=30))

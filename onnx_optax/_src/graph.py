@@ -97,7 +97,7 @@ from onnx_optax._src.ops.sequence import (
     refuse_narrowing_in,
     tensors,
 )
-from onnx_optax._src.remat import is_rematerializing, run_steps
+from onnx_optax._src.remat import is_rematerializing, run_bounded, run_steps
 
 # A graph's runs reuse their scratch memory (see host_memory): before JAX's CPU backend starts.
 reuse_host_memory()
@@ -407,6 +407,7 @@ class _StandardStep(_Step):
         ):
             self.prefer_static = (*op.prefer_static, 0)
         self.work = 1 + sum(sub.work for sub in self.subgraphs.values())
+        self.depth = 1 + max((sub.chain for sub in self.subgraphs.values()), default=0)
         # What, besides its inputs, decides the function the op computes (see _Replay).
         self.kind = (
             domain,
@@ -560,8 +561,7 @@ class Subgraph:
         env.update(function.static)
         env.update((n, host_array(f"initializer '{n}'", v)) for n, v in function.params.items())
         env.update(zip(self.input_names, inputs, strict=True))
-        for step in function.schedule:
-            step.run(env)
+        run_bounded(function.schedule, env)  # a Gradient around the node may transpose it
         return tuple(materialize(env[name]) for name in self.output_names)
 
 
@@ -1216,6 +1216,7 @@ class GraphFunction:
             self._step(index)
         self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
         self.work = sum(step.work for step in self.order)
+        self.chain = _chain_depth(self.order)  # a subgraph's: the depth its node counts
         if self.work > max_traced_nodes:
             raise self._too_much_work(f"graph '{graph.name}': one trace", self.work)
         # What a trace runs: ``order`` with each Gradient fused with the forward it shares.
