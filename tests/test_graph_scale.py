@@ -635,3 +635,19 @@ def test_a_gradient_counts_the_chains_inside_the_subgraphs_it_differentiates() -
     np.testing.assert_allclose(got, _sin_chain_derivative(30), rtol=1e-5)
     with pytest.raises(ValueError, match=r"holds 31 nodes, more than the limit of 30"):
         backend.prepare(model, limits=backend.Limits(gradient_depth=30))
+
+
+def test_an_error_about_many_unsupported_ops_names_a_few() -> None:
+    """10,000 custom op types: the error listed every one."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node(f"Op{i}", ["x"], [f"o{i}"], domain="custom") for i in range(10_000)]
+    nodes.append(helper.make_node("Sum", [f"o{i}" for i in range(3)], ["y"]))
+    nodes[0].op_type = "Op" + "x" * 100_000
+    graph = helper.make_graph(nodes, "g", [vi("x", F32, SHAPE)], [vi("y", F32, SHAPE)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    with pytest.raises(backend.UnsupportedOperatorError) as error:
+        backend.prepare(model, limits=backend.Limits(nodes=20_000))
+    assert "the graph needs 10000 unsupported op(s)" in str(error.value)
+    assert "and 9,995 more" in str(error.value)
+    assert len(str(error.value)) < 2000, len(str(error.value))

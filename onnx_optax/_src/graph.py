@@ -53,12 +53,14 @@ from onnx_optax._src.graph_packing import (
 from onnx_optax._src.host_memory import reuse_host_memory
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
+    LISTED,
     OPERATORS,
     OptimizerNode,
     UnsupportedOperatorError,
     describe,
     listed,
     read_node,
+    shown,
 )
 from onnx_optax._src.onnx_tensors import (
     STRINGS_ADVICE,
@@ -642,16 +644,18 @@ class _GradientStep(_Step):
         self.y = attrs["y"]
         if len(self.inputs) != len(self.xs) + len(self.zs):
             raise ValueError(
-                f"{self.where}: has {len(self.inputs)} inputs, but xs {list(self.xs)} and zs "
-                f"{list(self.zs)} name {len(self.xs) + len(self.zs)}; the inputs are the values "
-                "of xs then zs"
+                f"{self.where}: has {len(self.inputs)} inputs, but xs {listed(list(self.xs))} "
+                f"and zs {listed(list(self.zs))} name {len(self.xs) + len(self.zs)}; the inputs "
+                "are the values of xs then zs"
             )
         if len(self.outputs) > len(self.xs):
             raise ValueError(
                 f"{self.where}: has {len(self.outputs)} outputs but only {len(self.xs)} xs"
             )
         if set(self.xs) & set(self.zs) or len(set(self.xs)) != len(self.xs):
-            raise ValueError(f"{self.where}: xs {list(self.xs)} and zs {list(self.zs)} overlap")
+            raise ValueError(
+                f"{self.where}: xs {listed(list(self.xs))} and zs {listed(list(self.zs))} overlap"
+            )
         for label, names in (("y", [self.y]), ("xs", self.xs), ("zs", self.zs)):
             for name in names:
                 if not graph.defines(name):
@@ -1038,7 +1042,8 @@ def _make_step(graph: GraphFunction, node: Any) -> _Step:
 
 
 def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> UnsupportedOperatorError:
-    """One error listing every unsupported (domain, op, opset) among ``nodes``."""
+    """One error naming the unsupported (domain, op, opset) among ``nodes``: how many,
+    and the first LISTED of them (sorted)."""
     found = sorted(
         {
             (node.domain or "ai.onnx", node.op_type, opsets.get(domain_of(node), 0))
@@ -1047,12 +1052,15 @@ def unsupported_error(nodes: Sequence[Any], opsets: Mapping[str, int]) -> Unsupp
         }
     )
     first = next(node for node in nodes if not is_supported(node))
-    listed = ", ".join(f"{d}.{op} (opset {v})" for d, op, v in found)
+    ops = ", ".join(f"{shown(d)}.{shown(op)} (opset {v})" for d, op, v in found[:LISTED])
+    if len(found) > LISTED:
+        ops += f" and {len(found) - LISTED:,} more"
     advice = "".join(f" {ADVICE[op]}." for d, op, _ in found if d == ML_DOMAIN and op in ADVICE)
     runs = ", ".join(f"{len(table)} ops of {d or 'ai.onnx'}" for d, table in REGISTRY.items())
     return UnsupportedOperatorError(
-        f"{describe(first)}: unsupported op {first.op_type} in domain "
-        f"'{first.domain or 'ai.onnx'}'; the graph needs {len(found)} unsupported op(s): {listed}."
+        f"{describe(first)}: unsupported op {shown(first.op_type)} in domain "
+        f"'{shown(first.domain or 'ai.onnx')}'; the graph needs {len(found)} unsupported "
+        f"op(s): {ops}."
         f"{advice} onnx_optax runs {runs} (see docs/onnx-ops.md), and Adagrad, Adam, "
         f"Momentum and Gradient of '{DOMAIN}'"
     )
@@ -1953,8 +1961,8 @@ class GraphFunction:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
             raise ValueError(
-                f"the graph of outputs {list(self.output_names)} does not fit in the device's "
-                f"memory ({str(error).splitlines()[0]}); feed smaller inputs, or lower "
+                f"the graph of outputs {listed(list(self.output_names))} does not fit in the "
+                f"device's memory ({str(error).splitlines()[0]}); feed smaller inputs, or lower "
                 "limits=Limits(tensor_bytes=...) to have the node that grows so large named"
             ) from None
         raise_failed(checks)
