@@ -52,7 +52,7 @@ from onnx_optax._src.load import (
     check_node_width,
     load_model,
 )
-from onnx_optax._src.onnx_nodes import UnsupportedOperatorError, describe
+from onnx_optax._src.onnx_nodes import UnsupportedOperatorError, describe, listed
 
 __all__ = [
     "Limits",
@@ -191,8 +191,8 @@ class OnnxOptaxBackend(Backend):
             missing = [name for name in names if name not in inputs]
             if missing:
                 raise ValueError(
-                    f"run_node: {describe(node)}: no value given for its input(s) {missing}; "
-                    f"it reads {names}"
+                    f"run_node: {describe(node)}: no value given for its input(s) "
+                    f"{listed(missing)}; it reads {listed(names)}"
                 )
             inputs = [inputs[name] for name in names]
         if len(inputs) != len(names):

@@ -30,6 +30,7 @@ Needs the ``onnx`` extra (``pip install "onnx-optax[onnx]"``, from a clone
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -69,6 +70,7 @@ from onnx_optax._src.onnx_nodes import (
     OptimizerNode,
     UnsupportedOperatorError,
     describe,
+    listed,
     make_node,
     read_node,
 )
@@ -169,7 +171,8 @@ def _names(params: Any) -> tuple[list[str], list[Any], list[list[str]]]:
         names.append("/".join(keys) if keys else "x")
         leaves.append(leaf)
     if len(set(names)) != len(names):
-        raise ValueError(f"parameter names collide after joining keys with '/': {names}")
+        collide = [name for name, count in collections.Counter(names).items() if count > 1]
+        raise ValueError(f"parameter names collide after joining keys with '/': {listed(collide)}")
     return names, leaves, paths
 
 

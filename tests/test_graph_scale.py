@@ -651,3 +651,15 @@ def test_an_error_about_many_unsupported_ops_names_a_few() -> None:
     assert "the graph needs 10000 unsupported op(s)" in str(error.value)
     assert "and 9,995 more" in str(error.value)
     assert len(str(error.value)) < 2000, len(str(error.value))
+
+
+def test_run_node_says_how_many_values_are_missing_and_names_a_few() -> None:
+    names = [f"w{i}" for i in range(10_000)]
+    inputs = ["R", "T", *names, *(f"{n}.grad" for n in names), *(f"{n}.h" for n in names)]
+    outputs = [f"{n}.new" for n in names] + [f"{n}.h.new" for n in names]
+    node = helper.make_node("Adagrad", inputs, outputs, domain=DOMAIN)
+    with pytest.raises(ValueError) as error:
+        backend.run_node(node, {"R": np.float32(0.1)})
+    message = str(error.value)
+    assert "input(s) 30,001 names, the first 5: ['T', 'w0', 'w1', 'w2', 'w3']" in message
+    assert len(message) < 500, len(message)

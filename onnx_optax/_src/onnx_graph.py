@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from onnx_optax._src.graph import GRADIENT
-from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, OptimizerNode, describe
+from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, OptimizerNode, describe, listed
 from onnx_optax._src.onnx_tensors import read_tensor
 from onnx_optax._src.ops import STANDARD_DOMAINS, read_attributes
 
@@ -356,8 +356,8 @@ def check_sources(
     repeated = sorted(name for name, n in Counter(node.inputs).items() if n > 1)
     if repeated:
         raise ValueError(
-            f"{where}: names {repeated} more than once among its inputs; R, T and each X, G, "
-            "V, H must be tensors of their own"
+            f"{where}: names {listed(repeated)} more than once among its inputs; R, T and each "
+            "X, G, V, H must be tensors of their own"
         )
     if len(set(node.outputs)) != len(node.outputs):
         raise ValueError(f"{where}: two of its outputs have the same name")

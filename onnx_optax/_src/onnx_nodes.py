@@ -196,7 +196,7 @@ def make_node(
     """
     operator = OPERATORS[op_type]
     if len(set(names)) != len(names) or not names:
-        raise ValueError(f"tensor names must be distinct and non-empty, got {names}")
+        raise ValueError(f"tensor names must be distinct and non-empty, got {listed(list(names))}")
     inputs = ["R", "T", *names, *(f"{n}.grad" for n in names)]
     inputs += [f"{n}.{field}" for field in operator.fields for n in names]
     outputs = [f"{n}.new" for n in names]
