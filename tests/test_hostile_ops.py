@@ -1099,6 +1099,30 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         r"num_heads -1 must not be negative",
     ),
 }
+for _op, _inputs in {  # an empty ints attribute is one of the wrong size, not an absent one
+    "Conv": [np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32)],
+    "ConvTranspose": [np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32)],
+    "MaxPool": [np.ones((1, 2, 5, 5), np.float32)],
+    "DeformConv": [
+        np.ones((1, 2, 5, 5), np.float32),
+        np.ones((2, 2, 2, 2), np.float32),
+        np.zeros((1, 8, 4, 4), np.float32),
+    ],
+}.items():
+    for _name in ("dilations", "strides", "pads", "kernel_shape"):
+        if _op == "MaxPool" and _name == "kernel_shape":
+            continue
+        _attributes: dict[str, Any] = {_name: []}
+        if _op == "MaxPool":
+            _attributes["kernel_shape"] = [2, 2]
+        _expected = f"{_name} \\[\\] has 0 entries" if _name != "kernel_shape" else "kernel_shape"
+        REFUSED_AS_BY_ONNXRUNTIME[f"{_op} {_name} = []"] = (
+            _op,
+            _inputs,
+            _attributes,
+            19,
+            _expected,
+        )
 
 # Shape-like inputs of the wrong rank, refused by onnxruntime's kernels (issue 33): each read
 # as its flattened values was a result.
@@ -1186,7 +1210,11 @@ def _one_node(
     names = ["" if v is None else f"i{k}" for k, v in enumerate(inputs)]
     given = {name: v for name, v in zip(names, inputs, strict=True) if name}
     nodes = [] if fed else [_constant(name, v) for name, v in given.items()]
-    node = helper.make_node(op, names, ["y"], name="n", **attributes)
+    node = helper.make_node(
+        op, names, ["y"], name="n", **{k: v for k, v in attributes.items() if v != []}
+    )
+    for k in (k for k, v in attributes.items() if v == []):  # an empty ints attribute
+        node.attribute.append(helper.make_attribute(k, [], attr_type=onnx.AttributeProto.INTS))
     feeds = given if fed else {}
     vis = [_vi(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
     model = _model([*nodes, node], vis, [], opset)

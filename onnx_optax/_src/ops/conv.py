@@ -43,9 +43,10 @@ from onnx_optax._src.ops.registry import Node, register
 
 
 def _attr_ints(node: Node, name: str, n: int, default: int, minimum: int) -> list[int]:
-    """An ints attribute of ``n`` entries (``default`` each when absent), each >= ``minimum``."""
+    """An ints attribute of ``n`` entries (``default`` each when absent), each >= ``minimum``;
+    an empty one is given, of the wrong size (as onnx's shape inference, run by onnxruntime)."""
     given = node.get(name)
-    values = [int(v) for v in given] if given else [default] * n
+    values = [int(v) for v in given] if given is not None else [default] * n
     if len(values) != n:
         raise ValueError(
             f"{node.where}: {name} {values} has {len(values)} entries; {n} expected "
@@ -102,7 +103,7 @@ def _kernel_of(node: Node, w: Any) -> list[int]:
     """The kernel: W's spatial dims, which a kernel_shape attribute must repeat."""
     kernel = [int(d) for d in w.shape[2:]]
     given = node.get("kernel_shape")
-    if given and [int(k) for k in given] != kernel:
+    if given is not None and [int(k) for k in given] != kernel:
         raise ValueError(
             f"{node.where}: kernel_shape {list(given)} does not match W of shape {list(w.shape)}"
         )
