@@ -9,6 +9,14 @@ traced the graph twice, every node called its op, Relu lowered to a call XLA
 had to inline, nested Gradients were neither counted nor refused (2,000 levels
 raised RecursionError), and each training_info entry indexed the whole main
 graph, was traced five times and compiled on its own.
+
+Each dimension of a graph (inputs, outputs, initializers, value_info, nodes, node
+inputs, subgraphs, Gemms to batch, Gradients to fuse) is read in work linear in its
+size: counted as the hashes and comparisons of names (``_Name``), which a list or
+tuple membership test per element makes quadratic. Errors about many names say how
+many and name the first few. A Gradient's chain is refused past
+``Limits.gradient_depth`` before anything is traced, and its backward is cut into
+fusions of a bounded depth (20,000 Sin ended the process in XLA).
 """
 
 from __future__ import annotations
