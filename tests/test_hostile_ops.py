@@ -1098,6 +1098,20 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         23,
         r"num_heads -1 must not be negative",
     ),
+    "Split without split or num_outputs": (
+        "Split",
+        [np.ones(4, np.float32)],
+        {},
+        18,
+        r"Split of opset 18 takes the split input or num_outputs: neither given",
+    ),
+    "Split with split and num_outputs": (
+        "Split",
+        [np.ones(4, np.float32), np.array([4], np.int64)],
+        {"num_outputs": 1},
+        18,
+        r"Split of opset 18 takes the split input or num_outputs: both given",
+    ),
 }
 for _op, _inputs in {  # an empty ints attribute is one of the wrong size, not an absent one
     "Conv": [np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32)],
@@ -1272,3 +1286,22 @@ def test_pad_cropping_past_the_data_eats_the_far_padding(pads: list[int]) -> Non
     (got,) = _ours(model, feeds)
     assert np.shape(got) == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])
+@pytest.mark.parametrize(("size", "parts"), [(5, 4), (7, 5), (4, 6)])
+def test_split_num_outputs_leaving_a_negative_last_chunk_is_refused(
+    size: int, parts: int, fed: bool
+) -> None:
+    """Chunks of ceil(size / num_outputs) must leave the last one >= 0, as onnxruntime checks
+    ("a negative final split"); on 41e3cb0 the missing ones were empty, a result."""
+    x = np.arange(size, dtype=np.float32)
+    model, feeds = _one_node("Split", [x], {"num_outputs": parts}, 18, fed)
+    for k in range(1, parts):
+        model.graph.node[-1].output.append(f"y{k}")
+        model.graph.output.append(_vi(f"y{k}", F32, ["d"]))
+    _refused_by_onnxruntime(model, feeds)
+    chunk = -(-size // parts)
+    message = rf"num_outputs {parts} cuts axis 0 of size {size} into chunks of {chunk}"
+    with pytest.raises(ValueError, match=rf"node 'n' \(ai\.onnx\.Split\): {message}"):
+        _ours(model, feeds)

@@ -234,6 +234,11 @@ def _split(node: Node, x: Any, split: Any = None) -> Any:
     size = x.shape[axis]
     sizes = _ints(split) if split is not None else node.get("split")
     n = node.n_outputs
+    if node.opset >= 18 and (split is None) == (node.get("num_outputs") is None):
+        raise ValueError(  # onnx's shape inference, run by onnxruntime
+            f"{node.where}: Split of opset {node.opset} takes the split input or num_outputs: "
+            f"{'both' if split is not None else 'neither'} given"
+        )
     if sizes is None:
         parts = int(node.get("num_outputs", n))
         if parts < 1:
@@ -241,6 +246,11 @@ def _split(node: Node, x: Any, split: Any = None) -> Any:
         if parts != n:  # before a list of num_outputs sizes is made (2**62 of them, say)
             raise ValueError(f"{node.where}: num_outputs is {parts}, but the node has {n} outputs")
         chunk = -(-size // parts)
+        if size - chunk * (parts - 1) < 0:  # as onnxruntime: "a negative final split"
+            raise ValueError(
+                f"{node.where}: num_outputs {parts} cuts axis {axis} of size {size} into "
+                f"chunks of {chunk}, which leaves the last one {size - chunk * (parts - 1)}"
+            )
         sizes = [max(min(chunk, size - i * chunk), 0) for i in range(parts)]
     sizes = [int(s) for s in sizes]
     if sum(sizes) != size or len(sizes) != n or min(sizes, default=0) < 0:
