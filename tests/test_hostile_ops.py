@@ -1098,6 +1098,13 @@ REFUSED_AS_BY_ONNXRUNTIME: dict[str, tuple[str, list[Any], dict[str, Any], int, 
         23,
         r"num_heads -1 must not be negative",
     ),
+    "Einsum ...i->i": (
+        "Einsum",
+        [np.ones((2, 3), np.float32)],
+        {"equation": "...i->i"},
+        12,
+        r"equation '...i->i': an input's ellipsis stands for axes, so the output must hold one",
+    ),
     "Split without split or num_outputs": (
         "Split",
         [np.ones(4, np.float32)],

@@ -241,4 +241,13 @@ def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
 @register("Einsum")
 def _einsum(node: Node, *xs: Any) -> Any:
     _same_dtype(node, *xs)
-    return jnp.einsum(node["equation"].replace(" ", ""), *xs)
+    equation = node["equation"].replace(" ", "")
+    terms, arrow, output = equation.partition("->")
+    if arrow and "..." not in output:  # onnxruntime sums no axis an ellipsis stands for
+        for term, x in zip(terms.split(","), xs, strict=False):
+            if "..." in term and np.ndim(x) > len(term.replace("...", "")):
+                raise ValueError(
+                    f"{node.where}: equation {equation!r}: an input's ellipsis stands for "
+                    "axes, so the output must hold one"
+                )
+    return jnp.einsum(equation, *xs)
