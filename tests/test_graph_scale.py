@@ -671,3 +671,38 @@ def test_run_node_says_how_many_values_are_missing_and_names_a_few() -> None:
     message = str(error.value)
     assert "input(s) 30,001 names, the first 5: ['T', 'w0', 'w1', 'w2', 'w3']" in message
     assert len(message) < 500, len(message)
+
+
+def test_a_chain_through_an_unrolled_loop_is_cut_into_fusions_of_bounded_depth() -> None:
+    """A Loop unrolled while tracing (its body slices at the iteration number) runs its
+    body once per iteration: the chain runs on through the calls, barred as one."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("Sin", ["v"], ["v_next"]),
+            helper.make_node("Unsqueeze", ["i", "axes"], ["start"]),
+            helper.make_node("Add", ["start", "one"], ["end"]),
+            helper.make_node("Slice", ["data", "start", "end"], ["piece"]),
+            helper.make_node("Identity", ["c"], ["c_next"]),
+        ],
+        "body",
+        [vi("i", I64, []), vi("c", TensorProto.BOOL, []), vi("v", F32, SHAPE)],
+        [vi("c_next", TensorProto.BOOL, []), vi("v_next", F32, SHAPE), vi("piece", F32, [1])],
+    )
+    inits = [
+        numpy_helper.from_array(np.asarray(64, np.int64), "M"),
+        numpy_helper.from_array(np.arange(64, dtype=np.float32), "data"),
+        numpy_helper.from_array(np.asarray([0], np.int64), "axes"),
+        numpy_helper.from_array(np.asarray([1], np.int64), "one"),
+    ]
+    nodes = [
+        helper.make_node("Loop", ["M", "", "x"], ["y", "pieces"], body=body),
+        helper.make_node("Gradient", ["x"], ["g"], domain=DOMAIN, xs=["x"], y="y"),
+    ]
+    model = _model(nodes, [vi("x", F32, SHAPE)], [vi("g", F32, SHAPE)], inits)
+    rep = backend.prepare(model)
+    jaxpr = jax.make_jaxpr(rep.graph.apply)({"x": X})
+    names = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert names.count("sin") >= 64, names  # unrolled
+    assert names.count("optimization_barrier") >= 2 * (64 // 16 - 1), names
+    np.testing.assert_allclose(rep.run([X])[0], _sin_chain_derivative(64), rtol=1e-4)

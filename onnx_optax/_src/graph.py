@@ -99,7 +99,7 @@ from onnx_optax._src.ops.sequence import (
     refuse_narrowing_in,
     tensors,
 )
-from onnx_optax._src.remat import is_rematerializing, run_bounded, run_steps
+from onnx_optax._src.remat import chain_depths, is_rematerializing, run_bounded, run_steps
 
 # A graph's runs reuse their scratch memory (see host_memory): before JAX's CPU backend starts.
 reuse_host_memory()
@@ -700,7 +700,7 @@ class _GradientStep(_Step):
             # Differentiated: calls bound as they are (custom derivative rules kept).
             token = _REPLAY.set(None if replay is None else replay.faithful())
             try:
-                with collect_run_checks() as checks:  # returned as aux: no tracer leaks out
+                with collect_run_checks() as checks, chain_depths():  # aux: no tracer leaks
                     run_steps(self.order, local, [self.y, *keep])  # in segments under remat
             finally:
                 _REPLAY.reset(token)

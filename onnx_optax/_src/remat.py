@@ -54,31 +54,52 @@ def _reads(steps: Sequence[Any]) -> set[str]:
 # The most nodes one chain of a differentiated function runs between two optimization
 # barriers (see run_bounded).
 BARRIER_DEPTH = 16
+# While a Gradient's function is traced: the nodes on the chain behind each traced value
+# since its last barrier, by the value's id. Kept by value, not by name, so a chain
+# continues through subgraph calls (an unrolled Loop's iterations, an If's branch).
+_DEPTHS: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar(
+    "onnx_optax_chain_depths", default=None
+)
+
+
+@contextlib.contextmanager
+def chain_depths() -> Iterator[None]:
+    """The chains of values traced inside are counted together (see run_bounded)."""
+    token = _DEPTHS.set({})
+    try:
+        yield
+    finally:
+        _DEPTHS.reset(token)
 
 
 def run_bounded(steps: Sequence[Any], env: dict[str, Any]) -> None:
-    """Runs ``steps`` (a function a Gradient differentiates) on ``env``, an optimization
-    barrier on each traced value BARRIER_DEPTH nodes after the last one on its chain.
+    """Runs ``steps`` on ``env``, an optimization barrier on each traced value that ends
+    BARRIER_DEPTH nodes of a chain since the last barrier on it.
 
-    XLA:CPU fuses a backward pass's elementwise chain whole, and its compile grows
-    faster than the chain: the gradient through 300 Gelu nodes took 291 s and 3 GB, one
-    through 1,250 Sin nodes failed ("Unknown MLIR failure"), 20,000 ended the process.
-    The barriers (their cotangents barred alike) cut the chain into fusions of a bounded
-    depth; the values are the same.
+    XLA:CPU fused the backward pass of a long elementwise chain whole: the gradient
+    through 1,250 Sin nodes failed to compile ("Unknown MLIR failure") and one through
+    20,000 ended the process. The barriers (their cotangents barred alike) cut such a
+    chain into fusions of a bounded depth; the values are the same. Within
+    :func:`chain_depths` (a Gradient's function) chains are followed through subgraph
+    calls; elsewhere, within ``steps`` alone.
     """
-    depth: dict[str, int] = {}
+    depths = _DEPTHS.get()
+    if depths is None:
+        depths = {}
     for step in steps:
         step.run(env)
-        reached = 1 + max((depth.get(name, 0) for name in step.inputs if name), default=0)
+        reached = 1 + max(
+            (depths.get(id(env.get(name)), 0) for name in step.inputs if name), default=0
+        )
         for name in step.outputs:
-            if not name:
+            value = env.get(name) if name else None
+            if not isinstance(value, jax.Array):
                 continue
-            value = env.get(name)
-            if reached >= BARRIER_DEPTH and isinstance(value, jax.Array):
-                env[name] = jax.lax.optimization_barrier(value)
-                depth[name] = 0
+            if reached >= BARRIER_DEPTH:
+                value = env[name] = jax.lax.optimization_barrier(value)
+                depths[id(value)] = 0
             else:
-                depth[name] = reached
+                depths[id(value)] = reached
 
 
 def run_steps(steps: Sequence[Any], env: dict[str, Any], keep: Sequence[str]) -> None:
