@@ -44,7 +44,7 @@ try:
 except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
-from onnx_optax._src.graph import GraphFunction, node_graph, supported_ops
+from onnx_optax._src.graph import GraphFunction, node_graph, refuse_undefined_types, supported_ops
 from onnx_optax._src.load import (
     DEFAULT_LIMITS,
     Limits,
@@ -108,6 +108,7 @@ class OnnxOptaxRep(BackendRep):
             max_traced_nodes=limits.traced_nodes,
             max_gradient_depth=limits.gradient_depth,
         )
+        refuse_undefined_types(model.graph, self.graph.input_names)
         # one class for every run (making a namedtuple class took a tenth of a small run)
         self._outputs = namedtupledict("Outputs", list(self.graph.output_names))
 

@@ -134,3 +134,141 @@ def test_float64_inputs_need_x64() -> None:
 def test_supports_device() -> None:
     assert backend.supports_device("CPU")
     assert isinstance(backend.supports_device("CUDA"), bool)
+
+
+# ----------------------------------------------------------------------------- feeds as declared
+# A feed of another element type, rank or fixed size than its graph input declares is
+# refused, as onnxruntime refuses it, rather than traced for the shape it happens to have.
+
+
+F32 = onnx.TensorProto.FLOAT
+
+
+def _relu(x_type: object, y_type: object | None = None) -> onnx.ModelProto:
+    if y_type is None:  # y declared as x is (the checker wants a shape on outputs)
+        y = onnx.ValueInfoProto()
+        y.CopyFrom(x_type)  # type: ignore[arg-type]
+        y.name = "y"
+        if not y.type.tensor_type.elem_type:
+            y.type.tensor_type.elem_type = F32
+        y.type.tensor_type.shape.SetInParent()
+    else:
+        y = y_type
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x_type], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _onnxruntime(model: onnx.ModelProto, feed: np.ndarray) -> str | None:
+    """onnxruntime's error for the model and feed, or None where it runs them."""
+    ort = pytest.importorskip("onnxruntime")
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        session.run(None, {"x": feed})
+    except Exception as error:  # onnxruntime's own exception types
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("dims", "feed", "error", "match"),
+    [
+        (
+            [3],
+            np.ones(3, np.float64),
+            TypeError,
+            r"input 'x' is float64; the graph declares float32",
+        ),
+        ([3], np.ones(3, np.int32), TypeError, r"input 'x' is int32"),
+        (
+            [3],
+            np.ones((1, 3), np.float32),
+            ValueError,
+            r"input 'x' has shape \[1, 3\], of rank 2; the graph declares rank 1",
+        ),
+        ([1], np.ones((), np.float32), ValueError, r"of rank 0; the graph declares rank 1"),
+        (
+            [2, 3],
+            np.ones((2, 4), np.float32),
+            ValueError,
+            r"input 'x' has size 4 on axis 1 \(shape \[2, 4\]\); the graph declares 3",
+        ),
+        ([0], np.ones(1, np.float32), ValueError, r"size 1 on axis 0 .* declares 0"),
+    ],
+)
+def test_a_feed_unlike_its_declared_input_is_refused_as_in_onnxruntime(
+    dims: list[int], feed: np.ndarray, error: type[Exception], match: str
+) -> None:
+    model = _relu(helper.make_tensor_value_info("x", F32, dims))
+    assert _onnxruntime(model, feed) is not None
+    rep = backend.prepare(model)
+    with pytest.raises(error, match=match):
+        rep.run({"x": feed})
+    with pytest.raises(error, match=match):
+        rep.run([feed])
+
+
+@pytest.mark.parametrize(
+    ("dims", "feed"),
+    [
+        (["N", 3], np.ones((5, 3), np.float32)),  # a symbolic size
+        (["N", "N"], np.ones((2, 3), np.float32)),  # one name for two sizes: unchecked there too
+        ([-1], np.ones(4, np.float32)),  # a negative size (PaddlePaddle's unknown)
+        ([], np.ones((2, 2), np.float32)),  # a shape of no dims
+    ],
+)
+def test_feeds_onnxruntime_runs_still_run(dims: list[object], feed: np.ndarray) -> None:
+    model = _relu(helper.make_tensor_value_info("x", F32, dims))
+    assert _onnxruntime(model, feed) is None
+    (y,) = backend.prepare(model).run({"x": feed})
+    np.testing.assert_array_equal(y, np.maximum(feed, 0))
+
+
+def test_a_jax_array_of_the_32_bit_form_of_a_declared_int64_runs() -> None:
+    import jax.numpy as jnp
+
+    model = _relu(
+        helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [2]),
+        helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [2]),
+    )
+    (y,) = backend.prepare(model).run({"x": jnp.array([-1, 2])})  # int32 without x64
+    np.testing.assert_array_equal(y, [0, 2])
+
+
+def test_an_input_of_no_type_or_a_tensor_of_element_type_0_is_refused_as_in_onnxruntime() -> None:
+    untyped = onnx.ValueInfoProto(name="x")
+    cases = [
+        (_relu(untyped), "Field 'type' of 'value_info' is required"),  # the checker's
+        (
+            _relu(helper.make_tensor_value_info("x", 0, [3])),
+            "graph input 'x' declares a tensor of element type 0",
+        ),
+        (
+            _relu(
+                helper.make_tensor_value_info("x", F32, [3]),
+                helper.make_tensor_value_info("y", 0, [3]),
+            ),
+            "graph output 'y' declares a tensor of element type 0",
+        ),
+    ]
+    for model, match in cases:
+        assert _onnxruntime(model, np.ones(3, np.float32)) is not None, match
+        with pytest.raises(ValueError, match=match):
+            backend.prepare(model)
+
+
+def test_an_output_declared_a_sequence_that_computes_a_tensor_is_refused_as_in_onnxruntime() -> (
+    None
+):
+    y = helper.make_value_info(
+        "y",
+        helper.make_sequence_type_proto(helper.make_tensor_type_proto(F32, None)),
+    )
+    model = _relu(helper.make_tensor_value_info("x", F32, [3]), y)
+    feed = np.ones(3, np.float32)
+    assert "does not match expected type" in (_onnxruntime(model, feed) or "")
+    with pytest.raises(
+        TypeError, match="graph output 'y' is declared a sequence but the graph computes a tensor"
+    ):
+        backend.prepare(model).run({"x": feed})

@@ -354,8 +354,9 @@ def test_mistakes_are_refused_naming_the_node(
     attrs: dict[str, Any], change: dict[str, np.ndarray], message: str
 ) -> None:
     feeds = make_feeds("RNN", 1, 0, {"sequence_lens"} if "sequence_lens" in change else set())
-    model = recurrent_model("RNN", feeds, **attrs)
     feeds.update(change)
+    # Declared as fed (a feed unlike its declared input is refused before any node runs).
+    model = recurrent_model("RNN", feeds, **attrs)
     with pytest.raises(ValueError, match=r"node 'rec' \(ai\.onnx\.RNN\).*" + message):
         backend.prepare(model).run(feeds)
 

@@ -156,12 +156,17 @@ def supported_ops() -> dict[str, list[str]]:
     return {**ops, DOMAIN: sorted([*OPERATORS, GRADIENT])}
 
 
-def host_array(what: str, value: Any) -> np.ndarray:
-    """A host value (a feed, an initializer) as a numpy array that JAX holds exactly."""
+def as_array(what: str, value: Any) -> np.ndarray:
+    """A host value as a numpy array; a TypeError naming it where it is none."""
     try:
-        array = np.asarray(value)
+        return np.asarray(value)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{what} is not a tensor ({type(value).__name__}): {error}") from None
+
+
+def host_array(what: str, value: Any) -> np.ndarray:
+    """A host value (a feed, an initializer) as a numpy array that JAX holds exactly."""
+    array = as_array(what, value)
     refuse_narrowing(what, array)
     return array
 
@@ -1098,19 +1103,79 @@ def _tensor_type(type_proto: Any) -> Any:
     return type_proto.tensor_type
 
 
+def refuse_undefined_types(graph: Any, inputs: Container[str]) -> None:
+    """Refuses a model's graph whose inputs (``inputs``: those fed) or outputs declare a
+    tensor of element type 0, as onnxruntime does when it loads the model ("Invalid
+    tensor data type 0"). (An input of no type the ONNX checker refuses.)
+    """
+    for what, values in (("input", graph.input), ("output", graph.output)):
+        for value in values:
+            if what == "input" and value.name not in inputs:
+                continue  # an initializer's default
+            if (
+                value.type.WhichOneof("value") == "tensor_type"
+                and not value.type.tensor_type.elem_type
+            ):
+                raise ValueError(
+                    f"graph {what} '{value.name}' declares a tensor of element type 0 (undefined)"
+                )
+
+
 def _feed_tensor(what: str, value: Any) -> Any:
     """A fed tensor: a JAX array as it is, anything else checked on the host."""
     return value if isinstance(value, jax.Array) else host_array(what, value)
 
 
-def _declared(name: str, out: Any, dtype: np.dtype | None) -> Any:
+def refuse_unlike_declared(what: str, tensor: Any, declared: Any) -> None:
+    """Refuses a fed tensor of another element type, rank or fixed size than its graph
+    input declares (``declared``: a ``TypeProto.Tensor``), as onnxruntime does.
+
+    The graph is traced for the declared types, and onnxruntime refuses such a feed
+    ("Unexpected input data type", "Invalid rank for input", "Got invalid
+    dimensions"), so a result here would be one where it refuses. As there, an
+    element type of 0, a shape of no dims, and a symbolic or negative size check
+    nothing. A JAX array may hold a 64-bit type as its 32-bit form (32-bit JAX).
+    """
+    if declared.elem_type:
+        want = tensor_dtype(declared.elem_type, what)
+        got = np.dtype(tensor.dtype)
+        narrowed = isinstance(tensor, jax.Array) and got == jax.dtypes.canonicalize_dtype(want)
+        if got != want and not narrowed:
+            raise TypeError(f"{what} is {got}; the graph declares {want}: feed {want}")
+    dims = declared.shape.dim if declared.HasField("shape") else ()
+    if not dims:
+        return
+    if len(tensor.shape) != len(dims):
+        raise ValueError(
+            f"{what} has shape {list(tensor.shape)}, of rank {len(tensor.shape)}; the graph "
+            f"declares rank {len(dims)}"
+        )
+    for axis, (size, dim) in enumerate(zip(tensor.shape, dims, strict=True)):
+        if dim.HasField("dim_value") and dim.dim_value >= 0 and size != dim.dim_value:
+            raise ValueError(
+                f"{what} has size {size} on axis {axis} (shape {list(tensor.shape)}); the graph "
+                f"declares {dim.dim_value}"
+            )
+
+
+def _declared(name: str, out: Any, dtype: np.dtype | None, kind: str | None = None) -> Any:
     """An output in its declared type: never converted, except back to a 64-bit integer.
+
+    ``kind``: what the output declares itself (``tensor_type``, ``sequence_type``, ...);
+    a tensor declared a sequence, or a sequence declared a tensor, is refused, as
+    onnxruntime refuses it ("does not match expected type").
 
     32-bit JAX computes int64 as int32 (values beyond int32 are refused on the way
     in), so such an output is widened back losslessly. Any other difference
     between the declared and the computed type is an error naming the output,
     rather than a silent conversion (an X_new declared INT8 would round).
     """
+    computed = "sequence_type" if isinstance(out, list) else "tensor_type"
+    if kind in ("tensor_type", "sequence_type") and out is not None and kind != computed:
+        raise TypeError(
+            f"graph output '{name}' is declared a {kind.removesuffix('_type')} but the graph "
+            f"computes a {computed.removesuffix('_type')}"
+        )
     if isinstance(out, list):  # a sequence: each tensor
         return [_declared(f"{name}[{i}]", item, dtype) for i, item in enumerate(out)]
     if dtype is None or out is None or out.dtype == dtype:
@@ -1220,6 +1285,15 @@ class GraphFunction:
             tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
             for n in self.output_names
         )
+        # Each output's declared kind (tensor_type, sequence_type, ...; None: undeclared).
+        kinds = {o.name: o.type.WhichOneof("value") for o in graph.output}
+        self.output_kinds = tuple(kinds.get(n) for n in self.output_names)
+        # Tensor inputs' declared types, which each feed must match (see _feed).
+        self.input_types = {
+            i.name: i.type.tensor_type
+            for i in graph.input
+            if i.name in self._inputs and i.type.WhichOneof("value") == "tensor_type"
+        }
         for index in sorted(needed):
             self._step(index)
         self.order = [self._steps[i] for i in self._topological(self.output_names, set())]
@@ -1969,8 +2043,10 @@ class GraphFunction:
         results = cut([np.asarray(b) for b in out_buffers], out_layout[0])
         results.update((name, host_value(value)) for name, value in out_own.items())
         return [
-            _declared(name, results[name], dtype)
-            for name, dtype in zip(self.output_names, self.output_dtypes, strict=True)
+            _declared(name, results[name], dtype, kind)
+            for name, dtype, kind in zip(
+                self.output_names, self.output_dtypes, self.output_kinds, strict=True
+            )
         ]
 
     def _refuse_unknown(self, inputs: Mapping[str, Any]) -> None:
@@ -1991,11 +2067,21 @@ class GraphFunction:
         raise ValueError(f"{'; '.join(reasons)}; the graph takes {listed(self.input_names)}")
 
     def _feed(self, name: str, value: Any) -> Any:
-        """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them)."""
+        """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them),
+        a tensor checked against its declared type (:func:`refuse_unlike_declared`)."""
         kind = self.value_types.get(name)
         if kind is not None:
             return feed_value(f"input '{name}'", value, kind, _feed_tensor)
-        return _feed_tensor(f"input '{name}'", value)
+        what = f"input '{name}'"
+        declared = self.input_types.get(name)
+        if declared is None:
+            return _feed_tensor(what, value)
+        # The declared type first (a float64 fed for float32 is that, not a want of x64),
+        # unless no tensor XLA computes is fed (strings, objects): _feed_tensor says so.
+        tensor = value if isinstance(value, jax.Array) else as_array(what, value)
+        if np.dtype(tensor.dtype).kind not in "OSUV":
+            refuse_unlike_declared(what, tensor, declared)
+        return _feed_tensor(what, tensor)
 
     def _host_params(self) -> tuple[Layout, list[np.ndarray], dict[str, np.ndarray]]:
         """The float initializers, checked and packed on the host once (see ``pack``)."""
