@@ -99,6 +99,10 @@ class OnnxOptaxRep(BackendRep):
 
     def __init__(self, model: Any, device: str, limits: Limits = DEFAULT_LIMITS) -> None:
         self.model = model
+        if not model.graph.output:  # onnxruntime: "At least one output should be requested"
+            raise ValueError(
+                f"graph '{model.graph.name}' has no outputs: there is nothing to compute"
+            )
         self.device = _jax_device(device)
         opsets = {o.domain: o.version for o in model.opset_import}
         self.graph = GraphFunction(

@@ -272,3 +272,11 @@ def test_an_output_declared_a_sequence_that_computes_a_tensor_is_refused_as_in_o
         TypeError, match="graph output 'y' is declared a sequence but the graph computes a tensor"
     ):
         backend.prepare(model).run({"x": feed})
+
+
+def test_a_graph_of_no_outputs_is_refused_as_in_onnxruntime() -> None:
+    model = _relu(helper.make_tensor_value_info("x", F32, [3]))
+    del model.graph.output[:]
+    assert "At least one output" in (_onnxruntime(model, np.ones(3, np.float32)) or "")
+    with pytest.raises(ValueError, match="graph 'g' has no outputs"):
+        backend.prepare(model)
