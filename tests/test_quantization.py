@@ -321,3 +321,26 @@ def test_qdq_weight_trains_through_attach(kind: str) -> None:
     losses = [float(session.step({"x": x, "t": t})["loss"]) for _ in range(10)]
     assert losses[-1] < 0.7 * losses[0]
     assert not np.array_equal(session.initializers["W"], w)
+
+
+def test_a_float64_initializer_is_checked_as_stored_without_64_bit_jax() -> None:
+    """32-bit JAX holds a float64 initializer as float32 while tracing; the schema's type
+    check reads the dtype it is stored in, so a float64 scale DequantizeLinear does not
+    allow is refused, as onnxruntime refuses it (found by the differential fuzzer)."""
+    import onnxruntime as ort
+
+    q = numpy_helper.from_array(np.array([1, -2, 3, 7], np.int8), "q")
+    scale = numpy_helper.from_array(np.array(0.5, np.float64), "scale")
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "scale"], ["y"], name="dq")],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [q, scale],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(Exception, match="tensor\\(double\\)"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert not jax.config.read("jax_enable_x64")
+    with pytest.raises(TypeError, match=r"node 'dq' .*input 'scale' has dtype float64"):
+        backend.prepare(model).run({})

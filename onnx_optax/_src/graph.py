@@ -397,6 +397,7 @@ class _StandardStep(_Step):
             inputs=self.inputs,
             outputs=self.outputs,
             input_perms=graph.transposes_of(self.inputs),
+            input_dtypes=graph.stored_dtypes(self.inputs),
         )
         if op.check is not None:
             with node_errors(self.where):
@@ -424,6 +425,7 @@ class _StandardStep(_Step):
             graph.max_bytes,
             tuple(a.SerializeToString(deterministic=True) for a in node.attribute),
             self.info.input_perms,
+            self.info.input_dtypes,
         )
 
     def _call(self, args: list[Any]) -> Any:
@@ -1242,6 +1244,7 @@ class GraphFunction:
         }
         outer = {name: np.asarray(v) for name, v in (outer_values or {}).items()}
         initializers = {init.name: init for init in graph.initializer}
+        self._stored_types = {name: init.data_type for name, init in initializers.items()}
         self.input_names = tuple(
             i.name for i in graph.input if i.name not in outer and i.name not in initializers
         )
@@ -1603,6 +1606,18 @@ class GraphFunction:
         if node is None or node.op_type != op_type or domain_of(node) != "":
             return None
         return node
+
+    def stored_dtypes(self, names: Sequence[str]) -> tuple[np.dtype | None, ...]:
+        """Per name, the dtype of the initializer of this graph it names, else None (see
+        ``Node.input_dtypes``)."""
+        dtypes: list[np.dtype | None] = []
+        for name in names:
+            elem = self._stored_types.get(name) if name else None
+            try:
+                dtypes.append(None if elem is None else tensor_dtype(elem, f"'{name}'"))
+            except ValueError:  # a type refused where the initializer is read
+                dtypes.append(None)
+        return tuple(dtypes)
 
     def transposes_of(self, names: Sequence[str]) -> tuple[tuple[int, ...] | None, ...]:
         """Per name, the perm of the ai.onnx Transpose node of this graph computing it (()

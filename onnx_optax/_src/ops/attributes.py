@@ -224,7 +224,7 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
 
     formals, variadic = _formals(op_type, domain, node.opset)
     x64 = bool(jax.config.read("jax_enable_x64"))
-    bound: dict[str, tuple[int, Any]] = {}
+    bound: dict[str, tuple[int, Any, bool]] = {}
     for position, value in enumerate(inputs):
         found = None if value is None else _kind_of(value)
         if found is None:
@@ -235,6 +235,9 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
         if allowed is None:
             continue
         kind, static = found
+        stored = node.input_dtypes[position] if position < len(node.input_dtypes) else None
+        if stored is not None and kind[0] == "tensor":  # an initializer: its stored dtype
+            kind, static = ("tensor", stored), True
         if kind not in (allowed if static else _held(allowed, x64)):
             tensors_only = all(k == "tensor" for k, _ in allowed)
             if kind[0] == "optional":
@@ -250,15 +253,15 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
             )
         if not homogeneous or "(" in param or kind[0] != "tensor":
             continue  # each its own type, a literal type, or not a tensor
-        first, other = bound.setdefault(param, (position, value))
+        first, other, other_static = bound.setdefault(param, (position, kind[1], static))
         differ = (
-            np.dtype(other.dtype) != np.dtype(value.dtype)
-            if static and is_static(other)
-            else _canonical(other.dtype) != _canonical(value.dtype)
+            other != kind[1]
+            if static and other_static
+            else _canonical(other) != _canonical(kind[1])
         )
         if differ:
             raise TypeError(
                 f"{node.where}: inputs {node.input_name(first)} and {node.input_name(position)} "
-                f"share the type {param} of {op_type}, but are {np.dtype(other.dtype)} and "
-                f"{np.dtype(value.dtype)}; ONNX converts no types implicitly (insert a Cast)"
+                f"share the type {param} of {op_type}, but are {np.dtype(other)} and "
+                f"{np.dtype(kind[1])}; ONNX converts no types implicitly (insert a Cast)"
             )

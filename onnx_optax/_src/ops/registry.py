@@ -51,6 +51,10 @@ class Node:
     # for Transpose's default, the reversed axes), else None: an op may read such an
     # input in the Transpose's input's layout at no cost (XLA cancels the two transposes).
     input_perms: tuple[tuple[int, ...] | None, ...] = ()
+    # Per input, the dtype it is stored in where it is an initializer of the graph, else
+    # None: 32-bit JAX holds a float64 initializer as float32 while tracing, and the type
+    # check (attributes.check_input_types) reads the stored one, as onnxruntime does.
+    input_dtypes: tuple[np.dtype | None, ...] = ()
 
     def input_name(self, position: int) -> str:
         """How messages name input ``position``: its name, else its position."""
