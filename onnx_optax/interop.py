@@ -548,6 +548,8 @@ def _tree_paths(model: onnx.ModelProto, names: Sequence[str]) -> list[list[str]]
     label = f"metadata '{_TREE_METADATA}'"
     try:
         paths = json.loads(props[_TREE_METADATA])
+    except RecursionError:  # a list of lists nests twice; a stranger's may nest 10**5 deep
+        raise ValueError(f"{label} nests too deep; remove it to import flat") from None
     except ValueError as error:
         raise ValueError(f"{label} is not JSON ({error}); remove it to import flat") from None
     if not isinstance(paths, list) or not all(

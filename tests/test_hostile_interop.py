@@ -428,6 +428,9 @@ def test_colliding_parameter_paths_are_refused(names: list[str], paths: list[lis
 
 def test_malformed_parameter_paths_are_refused() -> None:
     _refused(_model(paths='[["w"], '), r"metadata 'onnx_optax\.params' is not JSON", ValueError)
+    # JSON nested past the interpreter's stack (json raises RecursionError): issue 33.
+    deep = "[" * 100_000 + "]" * 100_000
+    _refused(_model(paths=deep), r"metadata 'onnx_optax\.params' nests too deep", ValueError)
     _refused(
         _model(paths=[["w"], [1]]),
         r"metadata 'onnx_optax\.params' must be a list of lists of strings",
