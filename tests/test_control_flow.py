@@ -666,19 +666,23 @@ def test_a_body_that_does_not_fit_its_node_is_refused_as_in_onnxruntime(case: st
         backend.prepare(model).run(feeds)
 
 
-def _loop_fed_condition(cond_shape: list[int]) -> Any:
-    """s = -s, M times, the condition fed: the body declares it a scalar."""
+def _negating_body(s_out_type: int = F32) -> Any:
+    """A Loop body: s = -s, the condition passed on; s_out declared ``s_out_type``."""
     nodes = [
         helper.make_node("Identity", ["c_in"], ["c_out"]),
         helper.make_node("Neg", ["s_in"], ["s_out"]),
     ]
-    loop_body = body(
+    return body(
         "b",
         nodes,
         [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])],
-        [vi("c_out", BOOL, []), vi("s_out", F32, [2])],
+        [vi("c_out", BOOL, []), vi("s_out", s_out_type, [2])],
     )
-    loop = helper.make_node("Loop", ["M", "c", "s0"], ["f"], name="loop", body=loop_body)
+
+
+def _loop_fed_condition(cond_shape: list[int]) -> Any:
+    """s = -s, M times, the condition fed: the body declares it a scalar."""
+    loop = helper.make_node("Loop", ["M", "c", "s0"], ["f"], name="loop", body=_negating_body())
     return make_model(
         [loop],
         [vi("M", I64, []), vi("c", BOOL, cond_shape), vi("s0", F32, [2])],
@@ -751,16 +755,7 @@ def _declaring_int64_output(op: str) -> tuple[Any, dict[str, np.ndarray]]:
         inputs = [vi("c", BOOL, []), vi("x", F32, [2])]
         return make_model([node], inputs, [vi("y", F32, [2])]), {"c": np.array(True), "x": x}
     if op == "Loop":
-        nodes = [
-            helper.make_node("Identity", ["c_in"], ["c_out"]),
-            helper.make_node("Neg", ["s_in"], ["s_out"]),
-        ]
-        loop_body = body(
-            "b",
-            nodes,
-            [vi("i", I64, []), vi("c_in", BOOL, []), vi("s_in", F32, [2])],
-            [vi("c_out", BOOL, []), vi("s_out", I64, [2])],
-        )
+        loop_body = _negating_body(I64)
         node = helper.make_node("Loop", ["M", "", "s0"], ["f"], name="loop", body=loop_body)
         inputs = [vi("M", I64, []), vi("s0", F32, [2])]
         return make_model([node], inputs, [vi("f", F32, [2])]), {"M": np.array(2), "s0": x}
