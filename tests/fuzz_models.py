@@ -298,6 +298,9 @@ def _cli(argv: list[str]) -> int:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(argv)
     assert code in CLI_EXIT, f"onnx-optax {argv[0]} exited {code}: {err.getvalue()}"
+    # main turns an exception no check foresaw into exit 2 too: still a failure here.
+    unforeseen = f"onnx-optax {argv[0]}: unexpected "
+    assert unforeseen not in err.getvalue(), err.getvalue()
     assert CANARY.decode() not in out.getvalue() + err.getvalue()
     return code
 
