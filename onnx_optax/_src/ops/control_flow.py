@@ -203,7 +203,7 @@ def _formal(graph: Any) -> tuple[_Formal, ...]:
         dims = None
         if kind == "tensor_type" and value.type.tensor_type.HasField("shape"):
             dims = tuple(
-                d.dim_value if d.HasField("dim_value") else None
+                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
                 for d in value.type.tensor_type.shape.dim
             )
         found.append(_Formal(value.name, kind, dtype, type_text(value.type), dims))
@@ -260,15 +260,16 @@ def _agree(
     node: Node, name: str, values: Sequence[Any], first: int = 0, *, shapes: bool = True
 ) -> None:
     """Refuses values given to subgraph ``name`` (its inputs from ``first`` on) of another
-    element type, kind or (``shapes``) shape than the subgraph declares, as onnxruntime
+    element type, kind or (``shapes``) rank than the subgraph declares, as onnxruntime
     does (its shape inference merges the two)."""
     formal = node.attrs.get(_FORMAL, {}).get(name, ())
     for declared, value in zip(formal[first:], values, strict=False):
         if shapes and declared.dims is not None and not is_sequence_or_optional(value):
+            # The rank only: a body declaring the sizes it was exported with (a batch of 1)
+            # runs in onnxruntime on others, with a warning, where they are not known
+            # while it loads the model.
             shape = tuple(value.shape)
-            if len(shape) != len(declared.dims) or any(
-                d is not None and d != s for d, s in zip(declared.dims, shape, strict=False)
-            ):
+            if len(shape) != len(declared.dims):
                 dims = ", ".join("?" if d is None else str(d) for d in declared.dims)
                 raise ValueError(
                     f"{node.where}: {name} input '{declared.name}' is declared of shape "
