@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import unittest
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -195,6 +196,13 @@ def _onnxruntime(model: onnx.ModelProto, feed: np.ndarray) -> str | None:
             r"input 'x' has size 4 on axis 1 \(shape \[2, 4\]\); the graph declares 3",
         ),
         ([0], np.ones(1, np.float32), ValueError, r"size 1 on axis 0 .* declares 0"),
+        # ml_dtypes' arrays are numpy kind "V": checked all the same (review)
+        (
+            [3],
+            np.ones((2, 2), jnp.bfloat16),
+            TypeError,
+            r"input 'x' is bfloat16; the graph declares float32",
+        ),
     ],
 )
 def test_a_feed_unlike_its_declared_input_is_refused_as_in_onnxruntime(

@@ -706,3 +706,38 @@ def test_a_chain_through_an_unrolled_loop_is_cut_into_fusions_of_bounded_depth()
     assert names.count("sin") >= 64, names  # unrolled
     assert names.count("optimization_barrier") >= 2 * (64 // 16 - 1), names
     np.testing.assert_allclose(rep.run([X])[0], _sin_chain_derivative(64), rtol=1e-4)
+
+
+def test_no_optimization_barrier_outside_a_gradient() -> None:
+    """The barriers cut a backward pass's fusions; a forward that nothing differentiates,
+    an If's branch of 40 Sin included, is compiled as XLA fuses it (review of issue 33)."""
+    chain = [helper.make_node("Sin", [f"s{i}"], [f"s{i + 1}"]) for i in range(40)]
+    branch = helper.make_graph(chain, "b", [], [helper.make_tensor_value_info("s40", F32, [2])])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["s0"], ["o"])],
+        "o",
+        [],
+        [helper.make_tensor_value_info("o", F32, [2])],
+    )
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s0", F32, [2]),
+        ],
+        [helper.make_tensor_value_info("y", F32, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rep = backend.prepare(model)
+    feeds = {"c": np.array(True), "s0": np.ones(2, np.float32)}
+    text = jax.jit(lambda f: rep.graph.apply(f)).lower(feeds).as_text()
+    assert "optimization_barrier" not in text
+    np.testing.assert_allclose(rep.run(feeds)[0], np.ones(2) * _sin40(1.0), rtol=1e-5)
+
+
+def _sin40(x: float) -> float:
+    for _ in range(40):
+        x = float(np.sin(np.float32(x)))
+    return x

@@ -2094,7 +2094,7 @@ class GraphFunction:
         # The declared type first (a float64 fed for float32 is that, not a want of x64),
         # unless no tensor XLA computes is fed (strings, objects): _feed_tensor says so.
         tensor = value if isinstance(value, jax.Array) else as_array(what, value)
-        if np.dtype(tensor.dtype).kind not in "OSUV":
+        if np.dtype(tensor.dtype).kind not in "OSU":  # ml_dtypes' (bfloat16, ...) are "V"
             refuse_unlike_declared(what, tensor, declared)
         return _feed_tensor(what, tensor)
 

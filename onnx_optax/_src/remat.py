@@ -81,11 +81,14 @@ def run_bounded(steps: Sequence[Any], env: dict[str, Any]) -> None:
     20,000 ended the process. The barriers (their cotangents barred alike) cut such a
     chain into fusions of a bounded depth; the values are the same. Within
     :func:`chain_depths` (a Gradient's function) chains are followed through subgraph
-    calls; elsewhere, within ``steps`` alone.
+    calls; elsewhere (a forward that nothing differentiates: a subgraph's body outside
+    any Gradient) the steps run as they are, fused as XLA chooses.
     """
     depths = _DEPTHS.get()
     if depths is None:
-        depths = {}
+        for step in steps:
+            step.run(env)
+        return
     for step in steps:
         step.run(env)
         reached = 1 + max(
