@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from onnx_optax import backend  # noqa: E402
+from onnx_optax import backend, training  # noqa: E402
 from tests import oracle  # noqa: E402
 
 DOMAIN = "ai.onnx.preview.training"
@@ -720,3 +720,21 @@ def test_a_packed_int4_tensor_in_external_data_is_read(tmp_path: Path) -> None:
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
     (y,) = backend.prepare(str(tmp_path / "m.onnx")).run([])
     np.testing.assert_array_equal(y, values.astype(np.float32))
+
+
+def test_an_initializer_defined_twice_is_refused_by_name() -> None:
+    """Two initializers of one name (onnxruntime warns and keeps the last): refused when
+    loaded, on every entry point; Session ended in a KeyError (found by the fuzzer)."""
+    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [_vi("x", F32, [2, 2])],
+        [_vi("y", F32, [2, 2])],
+        [w, w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match="graph 'g': the initializer 'w' is defined twice"):
+        backend.prepare(model)
+    with pytest.raises(ValueError, match="the initializer 'w' is defined twice"):
+        training.Session(model)

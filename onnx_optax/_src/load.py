@@ -170,7 +170,12 @@ def _check_graph(graph: onnx.GraphProto, limits: Limits) -> None:
                     f"type {elem}"
                 )
     _text(where, "a value_info name", [v.name for v in graph.value_info])
-    _text(where, "an initializer name", [tensor.name for tensor in _initializers(graph)])
+    names = [tensor.name for tensor in _initializers(graph)]
+    _text(where, "an initializer name", names)
+    if len(set(names)) != len(names):  # SSA: one tensor per name (onnxruntime refuses it)
+        seen: set[str] = set()
+        twice = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+        raise ValueError(f"{where}: the initializer '{twice}' is defined twice")
     for index, node in enumerate(graph.node):
         check_node_width(node, f"{where} node {index}", limits)
         check_node_text(node, f"{where} node {index}")
