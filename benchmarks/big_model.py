@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from onnx import TensorProto, helper
 
+import onnx_optax
 from onnx_optax._src.write import write_file
 
 INPUTS, MIDDLE, CLASSES = 1024, 1024, 8
@@ -214,4 +215,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import onnx_optax
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -93,4 +95,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -42,6 +42,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_optax
+
 # The checkout this file lives in, not whichever onnx_optax is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -327,4 +329,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

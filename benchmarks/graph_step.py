@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_optax
 from onnx_optax import backend
 
 TRAINING = "ai.onnx.preview.training"
@@ -230,4 +231,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -74,4 +74,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 from onnx_optax import ops
 from onnx_optax._src.adagrad import AdagradState, adagrad
 from onnx_optax._src.adam import AdamState, adam
+from onnx_optax._src.host_memory import reuse_host_memory
 from onnx_optax._src.momentum import MomentumState, momentum, nesterov
 from onnx_optax._src.packed import PackedTree
 
@@ -29,4 +30,5 @@ __all__ = [
     "momentum",
     "nesterov",
     "ops",
+    "reuse_host_memory",
 ]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import onnx_optax
 from onnx_optax._src.extras import MissingExtraError, require
+from onnx_optax._src.host_memory import reuse_host_memory
 from onnx_optax._src.registry import OPTIMIZERS
 from onnx_optax._src.write import check_destination
 
@@ -957,6 +958,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    reuse_host_memory()  # a command is a process of its own: see docs/performance.md
     try:
         result: int = args.run(args)
     except (UsageError, MissingExtraError) as error:

@@ -9,6 +9,8 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
+import onnx_optax
+
 # Property-based tests: a fixed, derandomized profile for CI, and a long one to run
 # by hand on a new device or JAX version: HYPOTHESIS_PROFILE=long pytest tests/test_properties.py
 settings.register_profile(
@@ -31,6 +33,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The suite's own process runs as the onnx-optax command does (importing changes nothing).
+    onnx_optax.reuse_host_memory()
     config.addinivalue_line(
         "markers",
         "slow: minutes and many GiB (a model above 2 GiB); left out unless `pytest -m slow`",

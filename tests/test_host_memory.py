@@ -2,7 +2,7 @@
 
 Counted in page faults, not timed: a jitted function whose scratch holds at least
 128 MiB (more than the 64 MiB a thread's own glibc heap can hold) runs twelve times
-in a fresh interpreter. Once onnx_optax is imported, most of its last ten runs (the
+in a fresh interpreter. Once :func:`onnx_optax.reuse_host_memory` is called, most of its last ten runs (the
 median; glibc may place a block elsewhere now and then, more often on a busy
 machine) must fault in almost nothing. With the opt-out
 (``ONNX_OPTAX_HOST_MEMORY=system``) they fault in their whole scratch, which shows
@@ -14,6 +14,7 @@ and without the caller's malloc tunables.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -30,7 +31,8 @@ _RUNS = """
 import ctypes, resource
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, as counted
 import jax, jax.numpy as jnp
-import onnx_optax.backend
+import onnx_optax
+onnx_optax.reuse_host_memory()
 
 @jax.jit
 def scratch(x):
@@ -75,3 +77,40 @@ def test_a_run_reuses_the_scratch_of_the_last() -> None:
 def test_opting_out_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(host_memory.OPT_OUT, "system")
     assert host_memory.reuse_host_memory() is False
+
+
+_IMPORTS = """
+import ctypes, json
+calls = []
+real = ctypes.CDLL
+class Spy:
+    def __init__(self, *args, **kwargs):
+        self._lib = real(*args, **kwargs)
+    def __getattr__(self, name):
+        calls.append(name)
+        return getattr(self._lib, name)
+ctypes.CDLL = Spy
+import jax
+def flags():
+    return {k: jax.config.values[k] for k in sorted(jax.config.values)}
+before = flags()
+import onnx_optax, onnx_optax.backend, onnx_optax.training, onnx_optax.interop, onnx_optax.cli
+after = flags()
+changed = sorted(k for k in after if before.get(k) != after[k])
+print(json.dumps({"changed": changed, "libc": calls}))
+"""
+
+
+def test_importing_the_package_changes_nothing_in_the_process() -> None:
+    """No jax.config flag flips and glibc's malloc is not called (mallopt) on import."""
+    environment = {k: v for k, v in os.environ.items() if k != host_memory.OPT_OUT}
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORTS],
+        env={**environment, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen == {"changed": [], "libc": []}

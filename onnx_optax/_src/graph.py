@@ -50,7 +50,12 @@ from onnx_optax._src.graph_packing import (
     pack,
     unpack,
 )
-from onnx_optax._src.host_memory import reuse_host_memory
+from onnx_optax._src.limits import (
+    MAX_GRADIENT_DEPTH,
+    MAX_SUBGRAPH_DEPTH,
+    MAX_TENSOR_BYTES,
+    MAX_TRACED_NODES,
+)
 from onnx_optax._src.onnx_nodes import (
     DOMAIN,
     LISTED,
@@ -71,7 +76,6 @@ from onnx_optax._src.onnx_tensors import (
 )
 from onnx_optax._src.ops import (
     ADVICE,
-    MAX_TENSOR_BYTES,
     ML_DOMAIN,
     REGISTRY,
     STANDARD_DOMAINS,
@@ -101,30 +105,13 @@ from onnx_optax._src.ops.sequence import (
 )
 from onnx_optax._src.remat import chain_depths, is_rematerializing, run_bounded, run_steps
 
-# A graph's runs reuse their scratch memory (see host_memory): before JAX's CPU backend starts.
-reuse_host_memory()
-
 GRADIENT = "Gradient"
 # Integer initializers up to this size are kept as trace-time constants (shapes, axes).
 STATIC_INITIALIZER_LIMIT = 1 << 12
-# The default Limits.traced_nodes (onnx_optax._src.load): node runs one trace may make.
-MAX_TRACED_NODES = 1_000_000
 # A node inside a Gradient is traced this many times per level of Gradient around it:
 # jax.vjp traces its forward and tangent, then transposes the tangent. Nested Gradients
 # multiply (a Gradient of a Gradient of n nodes traces about 9 n).
 GRADIENT_WORK = 3
-# The default Limits.gradient_depth (onnx_optax._src.load): the most nodes on the longest
-# chain a Gradient differentiates (a nested Gradient counts twice its own: forward and
-# backward), refused before tracing. XLA:CPU compiles a backward pass in time that grows
-# faster than its depth, even in fusions cut to BARRIER_DEPTH nodes (remat.run_bounded):
-# Sin chains of 2,000, 4,000 and 8,000 nodes took 6.5, 19.5 and 119 s; 20,000 unbarred
-# ended the process (SIGSEGV after 4 minutes).
-MAX_GRADIENT_DEPTH = 4096
-# Subgraphs (If's branches, Loop's and Scan's bodies) nested deeper than this are refused
-# (protobuf's own parser stops near 33: a graph, node and attribute are 3 of its 100 levels).
-# Each body is traced once wherever it runs (lax.cond, lax.scan, lax.while_loop), so a
-# node with subgraphs counts 1 plus their nodes: nesting adds work, it never multiplies it.
-MAX_SUBGRAPH_DEPTH = 16
 # A graph input of at most this many elements (declared) that a shape, an axis, or a
 # Loop's trip count or condition is computed from is read as a compile-time value
 # (see _small_sources).

@@ -22,10 +22,13 @@ which took the step from 0.50 to 0.72 s (``benchmarks/models.py``).
 
 The price, for the whole process: a freed block up to ``MMAP_THRESHOLD`` (a scratch,
 a numpy array) stays in the heap for later allocations instead of returning to the
-system, and every JAX computation on the CPU returns once its result is ready. Set
-``ONNX_OPTAX_HOST_MEMORY=system`` before importing onnx_optax to keep glibc's and
-JAX's defaults. Dispatch can only be chosen before JAX starts its backends (any
-computation, ``jax.devices()``), so it is left as it is after that, or when
+system, and every JAX computation on the CPU returns once its result is ready. That is
+why importing onnx_optax changes nothing: :func:`reuse_host_memory` is an explicit call,
+``onnx_optax.reuse_host_memory()``, which the ``onnx-optax`` command (a process of its
+own) and the benchmarks make first; a program of yours makes it if it wants the same.
+``ONNX_OPTAX_HOST_MEMORY=system`` turns the call into a no-op (the command's opt-out).
+Dispatch can only be chosen before JAX starts its backends (any computation,
+``jax.devices()``), so it is left as it is after that, or when
 ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set.
 """
 

@@ -30,35 +30,14 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import onnx
 
+from onnx_optax._src.limits import DEFAULT_LIMITS, Limits
 from onnx_optax._src.onnx_nodes import DOMAIN as TRAINING_DOMAIN
 from onnx_optax._src.onnx_tensors import raw_byte_count, tensor_dtype, utf8
 
-
-class Limits(NamedTuple):
-    """How large a model may be; raise one with ``limits=Limits(nodes=...)``."""
-
-    nodes: int = 200_000  # nodes in all graphs together
-    node_inputs: int = 100_000  # inputs of one node (an optimizer node: 3-4 per tensor)
-    # Inputs, or outputs, of one node of an ai.onnx or ai.onnx.ml op (Concat, Sum, Split):
-    # XLA compiles each as its own operand or kernel, in time and memory that grow faster
-    # than the count (a Split into 1,000 outputs: 6 s and 0.9 GB; 5,000: 67 s and 3.8 GB;
-    # 20,000: std::bad_alloc, an abort). Optimizer nodes pack theirs (node_inputs bounds them).
-    op_width: int = 1024
-    file_bytes: int = 2**31 - 1  # the serialized model (protobuf's own limit)
-    tensor_bytes: int = 16 * 2**30  # declared bytes of all tensors together
-    # Node runs one trace of a graph makes, a node inside a Gradient counted 3 times per
-    # level of Gradient around it (nested Gradients grow 3x a level); refused before tracing.
-    traced_nodes: int = 1_000_000
-    # Nodes on the longest chain a Gradient differentiates (a nested Gradient counts twice
-    # its own): XLA compiles a backward pass in time that grows faster than its depth.
-    gradient_depth: int = 4096
-
-
-DEFAULT_LIMITS = Limits()
 _ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values())  # 0: not declared
 
 

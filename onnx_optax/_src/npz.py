@@ -17,9 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The bytes of all arrays read together: the default of
-# onnx_optax.backend.Limits().tensor_bytes, the limit on a model's tensors.
-MAX_BYTES = 16 * 2**30
+from onnx_optax._src.limits import MAX_TENSOR_BYTES
+
+# The bytes of all arrays read together: the limit on a model's tensors.
+MAX_BYTES = MAX_TENSOR_BYTES
 # The most bytes of a .npy header (numpy's own default max_header_size) and what precedes it.
 _HEADER_BYTES = 10_000 + 16
 _CHUNK = 2**20

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_optax._src.limits import MAX_COUNT, MAX_LOG_BYTES, MAX_LOG_LINE, MAX_POSITION_CHARS
 from onnx_optax._src.write import write_file
 from onnx_optax.cli import (
     EXIT_FAILED,
@@ -53,15 +54,6 @@ from onnx_optax.cli import (
 
 # A log file is rewritten at most this often (and at every save and at the end).
 LOG_SECONDS = 5.0
-# What train reads back from its own files is a stranger's too (a model or a log someone
-# sent): each value is checked where it is read, against these bounds.
-# Counts (steps, epochs, rows, batch size, seed): int64, as T and a session's seed.
-MAX_COUNT = 2**63 - 1
-# Characters of the position's JSON: a few hundred, plus the names of --batch-axis.
-MAX_POSITION_CHARS = 2**20
-# Bytes of a log read back on resume (a row is about 100 bytes), and of one of its lines.
-MAX_LOG_BYTES = 2**28
-MAX_LOG_LINE = 2**12
 # The columns a log may have, in the order train writes them.
 LOG_COLUMNS = ("step", "epoch", "loss", "val_loss", "val_accuracy", "learning_rate", "seconds")
 # Characters of a value a message quotes.

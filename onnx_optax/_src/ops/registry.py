@@ -30,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from onnx_optax._src.limits import MAX_TENSOR_BYTES
+
 STANDARD_DOMAINS = ("", "ai.onnx")
-# The default Limits.tensor_bytes (onnx_optax._src.load): the most bytes one tensor a
-# node computes may take, checked before numpy allocates it or XLA is handed its shape.
-MAX_TENSOR_BYTES = 16 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
