@@ -45,7 +45,7 @@ except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
 from onnx_optax._src.graph import GraphFunction, node_graph, refuse_undefined_types, supported_ops
-from onnx_optax._src.load import (
+from onnx_optax._src.graph.load import (
     DEFAULT_LIMITS,
     Limits,
     check_node_text,

@@ -52,7 +52,7 @@ except ImportError as _error:
 
 from onnx_optax._src import checks
 from onnx_optax._src.driver import Transformation
-from onnx_optax._src.load import DEFAULT_LIMITS, Limits, load_model
+from onnx_optax._src.graph.load import DEFAULT_LIMITS, Limits, load_model
 from onnx_optax._src.onnx_graph import (
     SESSION,
     check_bindings,

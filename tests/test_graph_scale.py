@@ -35,7 +35,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend, training  # noqa: E402
-from onnx_optax._src import graph as graph_module  # noqa: E402
+from onnx_optax._src.graph import interpreter as graph_module  # noqa: E402
 from onnx_optax._src.ops import REGISTRY  # noqa: E402
 
 DOMAIN = "ai.onnx.preview.training"

@@ -14,7 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.load import load_model  # noqa: E402
+from onnx_optax._src.graph.load import load_model  # noqa: E402
 
 NEWEST = onnx.defs.onnx_opset_version()
 NEWEST_ML = onnx.defs.onnx_ml_opset_version()

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnx_optax._src.load import all_graphs
+from onnx_optax._src.graph.load import all_graphs
 from onnx_optax._src.onnx_nodes import DOMAIN
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax._src.write import check_destination, write_files

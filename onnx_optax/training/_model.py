@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_optax._src.load import load_model
+from onnx_optax._src.graph.load import load_model
 from onnx_optax._src.onnx_tensors import read_tensor
 
 

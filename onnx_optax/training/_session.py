@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from onnx_optax._src import checks
 from onnx_optax._src.graph import GraphFunction, jit_graph, paused_gc, to_jax
-from onnx_optax._src.load import DEFAULT_LIMITS
+from onnx_optax._src.graph.load import DEFAULT_LIMITS
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import RunChecks, raise_failed
 from onnx_optax._src.random_keys import step_key
