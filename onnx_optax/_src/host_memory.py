@@ -50,10 +50,24 @@ OPT_OUT = "ONNX_OPTAX_HOST_MEMORY"
 
 
 def reuse_host_memory() -> bool:
-    """Tunes glibc's malloc and JAX's CPU dispatch as the module docstring says.
+    """Lets XLA:CPU reuse a run's scratch memory in the next run: tunes the whole process.
+
+    Raises glibc's mmap threshold to 1 GiB and its trim threshold to 2 GiB, so a freed
+    scratch block stays in the heap for the next run instead of being unmapped and faulted
+    in afresh (magika's training step at batch 64: 0.72 to 0.50 s), and turns JAX's
+    ``jax_cpu_enable_async_dispatch`` off (runs on the calling thread, whose heap can hold
+    such a block) unless JAX's backends have started or ``JAX_CPU_ENABLE_ASYNC_DISPATCH``
+    is set. The price: freed blocks up to 1 GiB stay in the process, and CPU computations
+    return once ready. Importing onnx_optax never does this; the ``onnx-optax`` command and
+    the benchmarks call it first. Call it before any JAX computation.
 
     Returns whether malloc was tuned: False off Linux, without glibc, or when
     ``ONNX_OPTAX_HOST_MEMORY=system``. Calling it again changes nothing more.
+
+    Example:
+        >>> import onnx_optax
+        >>> isinstance(onnx_optax.reuse_host_memory(), bool)
+        True
     """
     if os.environ.get(OPT_OUT, "").strip().lower() == "system":
         return False
