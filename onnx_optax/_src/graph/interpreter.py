@@ -92,13 +92,11 @@ from onnx_optax._src.ops import (
     read_attributes,
     record_run_checks,
 )
-from onnx_optax._src.ops.control_flow import unroll_budget
 from onnx_optax._src.ops.nn import one_hot_product
-from onnx_optax._src.ops.sequence import (
-    SEQUENCE_OPS,
+from onnx_optax._src.ops.sequence import SEQUENCE_OPS, feed_value, host_value
+from onnx_optax._src.ops.subgraphs import unroll_budget
+from onnx_optax._src.ops.values import (
     TensorSeq,
-    feed_value,
-    host_value,
     is_sequence_or_optional,
     refuse_narrowing_in,
     tensors,

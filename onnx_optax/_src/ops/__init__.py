@@ -70,11 +70,9 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     trees,
 )
 from onnx_optax._src.ops.arrays import (
-    NotStaticError,
     RunChecks,
     check_size,
     collect_run_checks,
-    is_static,
     raise_failed,
     record_run_checks,
 )
@@ -89,6 +87,7 @@ from onnx_optax._src.ops.registry import (
     domain_of,
     find_op,
 )
+from onnx_optax._src.ops.values import NotStaticError, is_static
 
 __all__ = [
     "ADVICE",

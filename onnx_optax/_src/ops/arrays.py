@@ -2,14 +2,14 @@
 
 Shape-valued inputs (``Op.static``: Reshape's shape, Slice's starts, Reduce
 axes, ...) are numpy arrays known at trace time; ops whose inputs are all numpy
-compute with numpy and return numpy (``_xp``), so shape arithmetic such as
+compute with numpy and return numpy (``xp_of``), so shape arithmetic such as
 ``Shape -> Gather -> Concat -> Reshape`` folds while tracing and a whole graph
 compiles into one XLA computation. A helper used by one family alone lives in
 that family's module, not here.
 
 Sizes: every op that computes a new shape checks it with :func:`check_size`
-(or :func:`_broadcast_check`) against ``Node.max_bytes`` before numpy or XLA
-allocates it. Indices: :func:`_checked_indices` refuses an index outside its
+(or :func:`broadcast_check`) against ``Node.max_bytes`` before numpy or XLA
+allocates it. Indices: :func:`checked_indices` refuses an index outside its
 axis while tracing when it is static, and otherwise records a run-time check
 (:func:`check_at_run`): the graph collects those (:func:`collect_run_checks`),
 returns them beside its outputs (:class:`RunChecks`) and raises the first that
@@ -30,34 +30,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 
-def is_static(value: Any) -> bool:
-    """Whether a value is known while tracing (a numpy array, not a JAX array)."""
-    return isinstance(value, np.ndarray | np.generic)
-
-
-def _xp(*values: Any) -> Any:
+def xp_of(*values: Any) -> Any:
     """numpy when every given value is static (shape arithmetic), else jax.numpy."""
     return np if all(v is None or is_static(v) for v in values) else jnp
 
 
-def _canonical(dtype: Any) -> np.dtype:
-    """The dtype JAX holds for ``dtype`` (int64 -> int32 without 64-bit JAX)."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-
-
-def _cast(x: Any, dtype: Any) -> Any:
+def cast_to(x: Any, dtype: Any) -> Any:
     if is_static(x):
         return np.asarray(x).astype(dtype)
-    return x.astype(_canonical(dtype))
+    return x.astype(canonical(dtype))
 
 
-def _ints(value: Any) -> list[int]:
+def int_list(value: Any) -> list[int]:
     return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
-def _axis(axis: int, rank: int, where: str) -> int:
+def norm_axis(axis: int, rank: int, where: str) -> int:
     """``axis`` in ``[-rank, rank)``, counted from the end when negative; a scalar has none.
 
     onnxruntime refuses every axis of a scalar (Concat, Split, Gather, ArgMax,
@@ -68,22 +59,22 @@ def _axis(axis: int, rank: int, where: str) -> int:
     return axis % rank
 
 
-def _axes(axes: Sequence[int], rank: int, where: str) -> tuple[int, ...]:
-    out = tuple(_axis(int(a), rank, where) for a in axes)
+def norm_axes(axes: Sequence[int], rank: int, where: str) -> tuple[int, ...]:
+    out = tuple(norm_axis(int(a), rank, where) for a in axes)
     if len(set(out)) != len(out):
         raise ValueError(f"{where}: repeated axes {list(axes)}")
     return out
 
 
-def _same_dtype(node: Node, *values: Any) -> None:
-    dtypes = {_canonical(v.dtype) for v in values if v is not None}
+def same_dtype(node: Node, *values: Any) -> None:
+    dtypes = {canonical(v.dtype) for v in values if v is not None}
     if len(dtypes) > 1:
         raise TypeError(
             f"{node.where}: inputs have dtypes {sorted(map(str, dtypes))}; they must be of one type"
         )
 
 
-def _broadcast_check(node: Node, *values: Any) -> tuple[int, ...]:
+def broadcast_check(node: Node, *values: Any) -> tuple[int, ...]:
     """The shape the values broadcast to, its size checked (in the widest input dtype)."""
     given = [v for v in values if v is not None]
     try:
@@ -118,7 +109,7 @@ def check_size(node: Node, shape: Sequence[Any], dtype: Any, what: str = "output
 HOST_FOLD_ELEMENTS = 1 << 16
 
 
-def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
+def xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any:
     """numpy for a small result of static values (shape arithmetic folds while tracing),
     else jax.numpy, after checking the result's size against the node's limit.
 
@@ -128,25 +119,19 @@ def _xp_sized(node: Node, shape: Sequence[int], dtype: Any, *values: Any) -> Any
     """
     check_size(node, shape, dtype)
     small = math.prod(int(d) for d in shape) <= HOST_FOLD_ELEMENTS
-    return _xp(*values) if small else jnp
+    return xp_of(*values) if small else jnp
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return bool(np.issubdtype(np.dtype(x.dtype), np.integer))
 
 
-def _axes_of(node: Node, axes: Any) -> list[int] | None:
+def axes_of(node: Node, axes: Any) -> list[int] | None:
     """Axes from the input (newer opsets) or the attribute (older), None if neither."""
     if axes is not None:
-        return _ints(axes)
+        return int_list(axes)
     value = node.get("axes")
     return None if value is None else [int(a) for a in value]
-
-
-class NotStaticError(ValueError):
-    """An input an op reads while tracing (a shape, axes, Slice's starts) depends on the
-    values fed. A Loop of a known trip count catches it to unroll its body, so that the
-    iteration number becomes known."""
 
 
 # ----------------------------------------------------------------------------- indices
@@ -251,24 +236,24 @@ def raise_failed(checks: RunChecks) -> None:
         raise ValueError(checks.messages[first].format(np.asarray(checks.values[first]).item()))
 
 
-def _checked_indices(node: Node, indices: Any, dim: int, what: str) -> Any:
+def checked_indices(node: Node, indices: Any, dim: int, what: str) -> Any:
     """``indices`` into an axis of ``dim``, negative ones (from ``-dim``) counted from the end.
 
     An index outside ``[-dim, dim)`` is an error naming the node: while tracing
     when the indices are static, else after the run.
     """
-    _int_check(node, indices, what)
+    int_check(node, indices, what)
     check_at_run(
         f"{node.where}: {what} hold {{}}, outside [{-dim}, {dim})",
         (indices < -dim) | (indices >= dim),
         indices,
     )
-    return _xp(indices).where(indices < 0, indices + dim, indices)
+    return xp_of(indices).where(indices < 0, indices + dim, indices)
 
 
-def _checked_labels(node: Node, labels: Any, classes: int, ignore: int | None) -> None:
+def checked_labels(node: Node, labels: Any, classes: int, ignore: int | None) -> None:
     """Class labels: each in ``[0, classes)`` or the loss's ``ignore_index``, as for indices."""
-    _int_check(node, labels, "labels")
+    int_check(node, labels, "labels")
     bad = (labels < 0) | (labels >= classes)
     if ignore is not None:
         bad = bad & (labels != ignore)
@@ -276,12 +261,12 @@ def _checked_labels(node: Node, labels: Any, classes: int, ignore: int | None) -
     check_at_run(f"{node.where}: labels hold {{}}, outside [0, {classes}){but}", bad, labels)
 
 
-def _int_check(node: Node, values: Any, what: str) -> None:
-    if not _is_int(values):
+def int_check(node: Node, values: Any, what: str) -> None:
+    if not is_int(values):
         raise TypeError(f"{node.where}: {what} must be integers, got {values.dtype}")
 
 
-def _flag(node: Node, name: str, default: int = 0) -> bool:
+def flag(node: Node, name: str, default: int = 0) -> bool:
     """A 0-or-1 attribute as a bool; any other value is refused naming the node, as
     onnxruntime refuses it (CumSum's exclusive and reverse, Mod's fmod)."""
     value = node.get(name, default)
@@ -290,7 +275,7 @@ def _flag(node: Node, name: str, default: int = 0) -> bool:
     return bool(value)
 
 
-def _vector(node: Node, value: Any, name: str, scalar: bool = False) -> None:
+def check_vector(node: Node, value: Any, name: str, scalar: bool = False) -> None:
     """A shape-like input (Reshape's shape, Slice's starts, a Reduce's axes, ...) must be 1-D,
     or also a scalar where ``scalar``, as onnxruntime's kernels require; None passes."""
     if value is not None and not (np.ndim(value) == 1 or (scalar and np.ndim(value) == 0)):
@@ -298,7 +283,7 @@ def _vector(node: Node, value: Any, name: str, scalar: bool = False) -> None:
         raise ValueError(f"{node.where}: {name} of shape {list(np.shape(value))} must be {kind}")
 
 
-def _scalar_like(node: Node, value: Any, name: str) -> None:
+def check_scalar_like(node: Node, value: Any, name: str) -> None:
     """A one-value input (Range's bounds, Trilu's k, DFT's dft_length): a scalar or a 1-D
     tensor of one value, as onnxruntime's kernels require; None passes."""
     if value is not None and (np.ndim(value) > 1 or np.size(value) != 1):

@@ -22,14 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import (
-    _axis,
-    _canonical,
-    _int_check,
-    check_at_run,
-    check_size,
-)
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_at_run, check_size, int_check, norm_axis
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 
 def _shape(value: Any) -> list[int]:
@@ -42,7 +38,7 @@ def _shape(value: Any) -> list[int]:
 @register("RMSNormalization")
 def _rms_norm(node: Node, x: Any, scale: Any) -> Any:
     """``x / sqrt(mean(x**2 over axis..) + epsilon) * scale``, computed in ``stash_type``."""
-    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
     target = tuple(_shape(x))
     try:
         fits = np.broadcast_shapes(target, tuple(_shape(scale))) == target
@@ -53,7 +49,7 @@ def _rms_norm(node: Node, x: Any, scale: Any) -> Any:
             f"{node.where}: scale of shape {_shape(scale)} does not broadcast to X of shape "
             f"{list(target)}"
         )
-    stash = _canonical(tensor_dtype(node["stash_type"], node.where))
+    stash = canonical(tensor_dtype(node["stash_type"], node.where))
     xs = jnp.asarray(x).astype(stash)
     mean_square = jnp.mean(jnp.square(xs), axis=tuple(range(axis, xs.ndim)), keepdims=True)
     normalized = xs * jax.lax.rsqrt(mean_square + np.asarray(node["epsilon"], stash))
@@ -132,7 +128,7 @@ def _rotary_embedding(
                     f"({[batch, seq]} expected), {name} of shape {_shape(cache)} must be "
                     f"(max_position, {dim // 2})"
                 )
-            _int_check(node, position_ids, "position_ids")
+            int_check(node, position_ids, "position_ids")
             limit = cache.shape[0]
             check_at_run(
                 f"{node.where}: position_ids hold {{}}, outside [0, {limit})",
@@ -317,7 +313,7 @@ def _attention(
             f"{node.where}: nonpad_kv_seqlen cannot be combined with past_key and past_value"
         )
     if nonpad is not None:
-        _int_check(node, nonpad, "nonpad_kv_seqlen")
+        int_check(node, nonpad, "nonpad_kv_seqlen")
         if _shape(nonpad) != [q.shape[0]]:
             raise ValueError(
                 f"{node.where}: nonpad_kv_seqlen of shape {_shape(nonpad)} must be "
@@ -364,7 +360,7 @@ def _attention(
     bias = _attention_bias(node, mask, nonpad, past_len, shape, q.dtype)
     biased = scores + bias
     precision = node.get("softmax_precision")
-    dtype = _canonical(tensor_dtype(precision, node.where)) if precision else q.dtype
+    dtype = canonical(tensor_dtype(precision, node.where)) if precision else q.dtype
     masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
     logits = jnp.where(masked_row, np.asarray(0, dtype), biased.astype(dtype))
     probs = jnp.where(masked_row, np.asarray(0, dtype), jax.nn.softmax(logits, axis=-1))
@@ -606,7 +602,7 @@ def _flex_precision(node: Node, dtype: Any) -> np.dtype:
     precision = node.get("softmax_precision")
     if precision is None:
         return _wide(dtype)
-    chosen = _canonical(tensor_dtype(int(precision), node.where))
+    chosen = canonical(tensor_dtype(int(precision), node.where))
     if not jnp.issubdtype(chosen, jnp.floating) or chosen.itemsize < 2:
         raise ValueError(
             f"{node.where}: softmax_precision {precision} ({chosen}) must be float16, "

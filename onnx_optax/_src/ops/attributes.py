@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype, utf8
-from onnx_optax._src.ops.arrays import _canonical, is_static
 from onnx_optax._src.ops.registry import Node, domain_of
+from onnx_optax._src.ops.values import NoValue, TensorSeq, canonical, is_static
 
 
 def node_schema(node: Any, opset: int, where: str) -> Any:
@@ -185,7 +185,7 @@ def _dtype_of(text: str) -> np.dtype | None:
 def _held(kinds: frozenset[_Kind], x64: bool) -> frozenset[_Kind]:
     """The types as JAX holds them (without 64-bit JAX, int64 as int32, ...)."""
     del x64  # part of the key: what JAX holds depends on it
-    return frozenset((k, None if d is None else _canonical(d)) for k, d in kinds)
+    return frozenset((k, None if d is None else canonical(d)) for k, d in kinds)
 
 
 def _kind_text(kind: _Kind) -> str:
@@ -199,8 +199,6 @@ def _kind_text(kind: _Kind) -> str:
 def _kind_of(value: Any) -> tuple[_Kind, bool] | None:
     """A value's kind and whether it is static (a sequence's dtype is as JAX holds it);
     None for a value whose type is not checked (an empty sequence of unknown type)."""
-    from onnx_optax._src.ops.sequence import NoValue, TensorSeq
-
     if isinstance(value, NoValue):
         return ("optional", None), False
     if isinstance(value, TensorSeq):
@@ -208,7 +206,7 @@ def _kind_of(value: Any) -> tuple[_Kind, bool] | None:
     if not hasattr(value, "dtype"):
         return None
     static = is_static(value)
-    return ("tensor", np.dtype(value.dtype) if static else _canonical(value.dtype)), static
+    return ("tensor", np.dtype(value.dtype) if static else canonical(value.dtype)), static
 
 
 def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[Any]) -> None:
@@ -255,9 +253,7 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
             continue  # each its own type, a literal type, or not a tensor
         first, other, other_static = bound.setdefault(param, (position, kind[1], static))
         differ = (
-            other != kind[1]
-            if static and other_static
-            else _canonical(other) != _canonical(kind[1])
+            other != kind[1] if static and other_static else canonical(other) != canonical(kind[1])
         )
         if differ:
             raise TypeError(

@@ -33,10 +33,8 @@ fail after the run naming their node.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -44,20 +42,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import (
-    NotStaticError,
-    RunCheck,
-    _canonical,
-    collect_run_checks,
-    is_static,
-    record_run_checks,
+from onnx_optax._src.ops.arrays import RunCheck, collect_run_checks, record_run_checks
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.subgraphs import (
+    check_inputs,
+    check_outputs,
+    check_signature,
+    dtype_text,
+    spend_unrolled,
 )
-from onnx_optax._src.ops.registry import Node, register
-from onnx_optax._src.ops.sequence import (
+from onnx_optax._src.ops.values import (
+    NotStaticError,
     NoValue,
     TensorSeq,
+    canonical,
     is_sequence_or_optional,
+    is_static,
     refuse_narrowing_in,
     type_text,
 )
@@ -99,12 +100,12 @@ def _known(value: Any) -> bool:
 def _spec(value: Any) -> Any:
     """A value's shapes and dtypes (a sequence's: a TensorSeq of them; an empty optional:
     itself)."""
-    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(np.shape(v), _canonical(v.dtype)), value)
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(np.shape(v), canonical(v.dtype)), value)
 
 
 def _held(value: Any) -> Any:
     """A value as JAX holds it (each tensor of a sequence too)."""
-    return jax.tree.map(lambda v: jnp.asarray(v, _canonical(v.dtype)), value)
+    return jax.tree.map(lambda v: jnp.asarray(v, canonical(v.dtype)), value)
 
 
 def _types(value: Any) -> tuple[Any, tuple[tuple[tuple[int, ...], np.dtype], ...]]:
@@ -136,7 +137,7 @@ def _trace(node: Node, name: str, body: Any, specs: Sequence[Any]) -> _Body:
 
     closed, shape = jax.make_jaxpr(run, return_shape=True)(*specs)
     outs, checks = shape
-    _computed(node, name, body, outs)
+    check_outputs(node, name, body, outs)
     tree = jax.tree.structure((outs, checks))
     return _Body(closed, tree, tuple(outs), checks)
 
@@ -165,138 +166,6 @@ def _collect(checks: dict[str, RunCheck]) -> None:
     record_run_checks(merged)
 
 
-# ----------------------------------------------------------------------------- signatures
-
-# Where a check leaves, in its node's attributes, the types its subgraphs declare for
-# their inputs (read once more when the node runs, on the values it is given).
-_FORMAL = "onnx_optax:formal_inputs"
-
-
-class _Formal(NamedTuple):
-    """A subgraph input as declared: its name, its kind and dtype (None: not declared)."""
-
-    name: str
-    kind: str | None  # tensor_type, sequence_type, optional_type
-    dtype: np.dtype | None
-    text: str | None  # as the schemas write it: tensor(float)
-    dims: tuple[int | None, ...] | None = None  # a tensor's declared shape (None: a dim param)
-
-
-def _formal_inputs(graph: Any) -> list[Any]:
-    """A subgraph's inputs, less those that name its initializers (defaults, not inputs)."""
-    initializers = {t.name for t in graph.initializer}
-    return [value for value in graph.input if value.name not in initializers]
-
-
-def _formal(graph: Any) -> tuple[_Formal, ...]:
-    found = []
-    for value in _formal_inputs(graph):
-        kind = value.type.WhichOneof("value")
-        inner = value.type
-        while inner.WhichOneof("value") in ("sequence_type", "optional_type"):
-            inner = getattr(inner, inner.WhichOneof("value")).elem_type
-        code = inner.tensor_type.elem_type if inner.WhichOneof("value") == "tensor_type" else 0
-        try:
-            dtype = tensor_dtype(code, "") if code else None
-        except ValueError:  # a type XLA cannot hold: refused where it is read, if it is
-            dtype = None
-        dims = None
-        if kind == "tensor_type" and value.type.tensor_type.HasField("shape"):
-            dims = tuple(
-                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
-                for d in value.type.tensor_type.shape.dim
-            )
-        found.append(_Formal(value.name, kind, dtype, type_text(value.type), dims))
-    return tuple(found)
-
-
-def _signature(node: Node, name: str, inputs: int, outputs: int) -> tuple[_Formal, ...]:
-    """Refuses subgraph ``name`` unless it takes ``inputs`` inputs and gives ``outputs``
-    outputs (as onnxruntime); keeps its declared inputs for :func:`_agree`."""
-    import onnx
-
-    graph = node[name]
-    if not isinstance(graph, onnx.GraphProto):
-        return ()
-    taken = len(_formal_inputs(graph))
-    if taken != inputs:
-        raise ValueError(
-            f"{node.where}: {name} takes {taken} inputs; it must take "
-            + (f"{inputs}" if inputs else "none")
-        )
-    if len(graph.output) != outputs:
-        raise ValueError(
-            f"{node.where}: {name} gives {len(graph.output)} outputs but the node has "
-            f"{node.n_outputs}, so it must give {outputs}"
-        )
-    formal = _formal(graph)
-    if isinstance(node.attrs, dict):
-        node.attrs.setdefault(_FORMAL, {})[name] = formal
-    return formal
-
-
-def _computed(node: Node, name: str, body: Any, outs: Sequence[Any]) -> None:
-    """Refuses subgraph outputs of another element type than the subgraph declares (as
-    onnxruntime's type inference does)."""
-    declared = getattr(body, "output_dtypes", ())
-    for out_name, dtype, value in zip(body.output_names, declared, outs, strict=False):
-        if dtype is None or isinstance(value, NoValue):
-            continue
-        got = value.elem_dtype if isinstance(value, TensorSeq) else np.dtype(value.dtype)
-        if got is not None and _canonical(got) != _canonical(dtype):
-            raise ValueError(
-                f"{node.where}: {name} output '{out_name}' is declared {_dtype_text(dtype)} "
-                f"but computes {_dtype_text(got)}"
-            )
-
-
-def _dtype_text(dtype: Any) -> str:
-    from onnx import TensorProto, helper
-
-    return TensorProto.DataType.Name(helper.np_dtype_to_tensor_dtype(np.dtype(dtype))).lower()
-
-
-def _agree(
-    node: Node, name: str, values: Sequence[Any], first: int = 0, *, shapes: bool = True
-) -> None:
-    """Refuses values given to subgraph ``name`` (its inputs from ``first`` on) of another
-    element type, kind or (``shapes``) rank than the subgraph declares, as onnxruntime
-    does (its shape inference merges the two)."""
-    formal = node.attrs.get(_FORMAL, {}).get(name, ())
-    for declared, value in zip(formal[first:], values, strict=False):
-        if shapes and declared.dims is not None and not is_sequence_or_optional(value):
-            # The rank only: a body declaring the sizes it was exported with (a batch of 1)
-            # runs in onnxruntime on others, with a warning, where they are not known
-            # while it loads the model.
-            shape = tuple(value.shape)
-            if len(shape) != len(declared.dims):
-                dims = ", ".join("?" if d is None else str(d) for d in declared.dims)
-                raise ValueError(
-                    f"{node.where}: {name} input '{declared.name}' is declared of shape "
-                    f"[{dims}] but is given {list(shape)}"
-                )
-        if isinstance(value, TensorSeq):
-            kind, dtype = "sequence_type", value.elem_dtype
-        elif isinstance(value, NoValue):
-            kind, dtype = "optional_type", None
-        else:
-            kind, dtype = "tensor_type", np.dtype(value.dtype)
-        plain = {declared.kind, kind} <= {"tensor_type", "sequence_type"}
-        wrong_kind = plain and declared.kind != kind
-        wrong_type = (
-            declared.dtype is not None
-            and dtype is not None
-            and _canonical(declared.dtype) != _canonical(dtype)
-        )
-        if wrong_kind or wrong_type:
-            given = "a sequence" if kind == "sequence_type" else "a tensor"
-            given += "" if dtype is None else f" of {_dtype_text(dtype)}"
-            raise ValueError(
-                f"{node.where}: {name} input '{declared.name}' is declared {declared.text} "
-                f"but is given {given}"
-            )
-
-
 # ----------------------------------------------------------------------------- If
 
 
@@ -304,8 +173,8 @@ def _if_check(node: Node) -> None:
     """Both branches take no input and give the node's outputs, of the same types."""
     import onnx
 
-    _signature(node, "then_branch", 0, node.n_outputs)
-    _signature(node, "else_branch", 0, node.n_outputs)
+    check_signature(node, "then_branch", 0, node.n_outputs)
+    check_signature(node, "else_branch", 0, node.n_outputs)
     then_branch, else_branch = node["then_branch"], node["else_branch"]
     if not isinstance(then_branch, onnx.GraphProto) or not isinstance(else_branch, onnx.GraphProto):
         return
@@ -329,7 +198,7 @@ def _if(node: Node, cond: Any) -> Any:
     if _known(cond):  # known while tracing: only the branch taken is traced
         taken = bool(np.asarray(cond).reshape(()))
         outs = then_branch() if taken else else_branch()
-        _computed(
+        check_outputs(
             node,
             "then_branch" if taken else "else_branch",
             node["then_branch" if taken else "else_branch"],
@@ -380,14 +249,14 @@ def _constant_true(body: _Body) -> bool:
 def _loop_check(node: Node) -> None:
     """The body takes the iteration number (int64), the condition (bool) and the carried
     values, and gives the condition, the carried values and the node's scan outputs."""
-    formal = _signature(node, "body", len(node.inputs), node.n_outputs + 1)
+    formal = check_signature(node, "body", len(node.inputs), node.n_outputs + 1)
     for declared, dtype in zip(formal, (np.int64, np.bool_), strict=False):
         if declared.kind not in (None, "tensor_type") or (
             declared.dtype is not None and declared.dtype != dtype
         ):
             raise ValueError(
                 f"{node.where}: body input '{declared.name}' is declared {declared.text} but "
-                f"is given a tensor of {_dtype_text(dtype)}"
+                f"is given a tensor of {dtype_text(dtype)}"
             )
 
 
@@ -396,7 +265,7 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
     body = node["body"]
     n = len(carried)
     given_cond = np.zeros((), bool) if cond is None else cond
-    _agree(node, "body", [np.zeros((), np.int64), given_cond, *carried])
+    check_inputs(node, "body", [np.zeros((), np.int64), given_cond, *carried])
     k = len(body.output_names) - 1 - n
     if len(body.input_names) != 2 + n or k < 0:
         raise ValueError(
@@ -413,7 +282,7 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             raise ValueError(
                 f"{node.where}: {what} of shape {list(np.shape(value))} must hold one element"
             )
-    counter = _canonical(np.int64)
+    counter = canonical(np.int64)
     carried = tuple(_held(v) for v in carried)
     specs = [
         jax.ShapeDtypeStruct((), counter),
@@ -506,45 +375,6 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
     return tuple(final)
 
 
-# A Loop body that reads its iteration number as a shape (Slice's starts) is unrolled,
-# up to this many iterations and Limits.traced_nodes node runs, if it nests no subgraph.
-UNROLL_LIMIT = 4096
-# The node runs unrolled bodies may still add to the trace of a graph (its limit less its
-# counted work, where each body counts once); None: each unrolling bounded by the limit.
-_UNROLL_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
-    "onnx_optax_unroll_budget", default=None
-)
-
-
-@contextlib.contextmanager
-def unroll_budget(node_runs: int) -> Iterator[None]:
-    """Bounds the extra node runs of every Loop unrolled while tracing one graph."""
-    token = _UNROLL_BUDGET.set([node_runs])
-    try:
-        yield
-    finally:
-        _UNROLL_BUDGET.reset(token)
-
-
-def spend_unrolled(body: Any, calls: int, *, nested: bool = False) -> str | None:
-    """Takes the node runs of ``calls`` calls of ``body`` (one is counted already) from the
-    trace's budget; why it cannot (the limits it would pass), else None.
-
-    ``nested``: the body may hold subgraphs (each call traces them once more).
-    """
-    budget = _UNROLL_BUDGET.get()
-    left = body.max_work if budget is None else budget[0]
-    extra = max(calls - 1, 0) * body.work  # the body counted once already
-    if (body.nested and not nested) or calls > UNROLL_LIMIT or extra > left:
-        return (
-            f"at most {UNROLL_LIMIT} calls, {left} more node runs within "
-            f"limits=Limits(traced_nodes=...)" + ("" if nested else ", and no subgraph inside")
-        )
-    if budget is not None:
-        budget[0] -= extra
-    return None
-
-
 def _unrolled(
     node: Node, body: Any, trips: int, carried: Any, k: int, reads_cond: bool, nested: bool
 ) -> Any:
@@ -566,7 +396,7 @@ def _unrolled(
     scanned: list[list[Any]] = [[] for _ in range(k)]
     for i in range(trips):
         outs = body(np.array(i, np.int64), np.array(True), *values)
-        _computed(node, "body", body, outs)
+        check_outputs(node, "body", body, outs)
         for name, out in zip(body.output_names, outs, strict=True):
             refuse_narrowing_in(f"{node.where}: body output '{name}'", out)
         values = list(outs[1 : 1 + n])
@@ -615,7 +445,7 @@ def _scan_axis(node: Node, name: str, axis: int, rank: int) -> int:
 def _scan_check(node: Node) -> None:
     """The body takes the node's inputs (opset 8: less sequence_lens), gives its outputs."""
     inputs = len(node.inputs) - (1 if node.opset < 9 else 0)
-    _signature(node, "body", inputs, node.n_outputs)
+    check_signature(node, "body", inputs, node.n_outputs)
 
 
 @register("Scan", check=_scan_check)
@@ -672,7 +502,7 @@ def _batched_scan(node: Node, body: Any, m: int, lengths: Any, inputs: Sequence[
     def one(*values: Any) -> Any:
         return _scan_core(node, body, values[:n], values[n:], [0] * m, directions, [0] * k)
 
-    final, ys, checks = jax.vmap(one)(*(jnp.asarray(x, _canonical(x.dtype)) for x in inputs))
+    final, ys, checks = jax.vmap(one)(*(jnp.asarray(x, canonical(x.dtype)) for x in inputs))
     _collect(
         {msg: RunCheck(c.failed.reshape(-1), c.value.reshape(-1)) for msg, c in checks.items()}
     )
@@ -692,10 +522,10 @@ def _scan_core(
     if any(d not in (0, 1) for d in (*in_dirs, *out_dirs)):
         raise ValueError(f"{node.where}: scan directions must be 0 (forward) or 1 (reverse)")
     n = len(states)
-    states = tuple(jnp.asarray(v, _canonical(v.dtype)) for v in states)
+    states = tuple(jnp.asarray(v, canonical(v.dtype)) for v in states)
     xs = []
     for position, (x, axis, direction) in enumerate(zip(scanned, in_axes, in_dirs, strict=True)):
-        x = jnp.asarray(x, _canonical(x.dtype))
+        x = jnp.asarray(x, canonical(x.dtype))
         if x.ndim == 0:
             raise ValueError(f"{node.where}: scan input {n + position} is a scalar")
         x = jnp.moveaxis(x, _scan_axis(node, "scan_input_axes", axis, x.ndim), 0)
@@ -703,7 +533,7 @@ def _scan_core(
     lengths = {x.shape[0] for x in xs}
     if len(lengths) != 1:
         raise ValueError(f"{node.where}: the scan inputs have different lengths {sorted(lengths)}")
-    _agree(node, "body", [*states, *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs)])
+    check_inputs(node, "body", [*states, *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs)])
     specs = [*map(_spec, states), *(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs)]
     traced = _trace(node, "body", body, specs)
     _same_types(node, "state output", body.output_names[:n], specs[:n], traced.outs[:n])

@@ -22,16 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.ops.arrays import (
-    _canonical,
-    _cast,
-    _same_dtype,
-    _vector,
-    check_at_run,
-    check_size,
-    is_static,
-)
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import cast_to, check_at_run, check_size, check_vector, same_dtype
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 # ----------------------------------------------------------------------------- conv and pools
 #
@@ -557,7 +551,7 @@ def _pads_or_auto_pad(node: Node) -> None:
 @register("Conv")
 def _conv(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     _pads_or_auto_pad(node)
-    _same_dtype(node, x, w, b)
+    same_dtype(node, x, w, b)
     if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
         raise ValueError(
             f"{node.where}: Conv needs X (N, C, ...) and W of the same rank, got shapes "
@@ -658,7 +652,7 @@ def _transpose_geometry(
 
 @register("ConvTranspose")
 def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
-    _same_dtype(node, x, w, b)
+    same_dtype(node, x, w, b)
     if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
         raise ValueError(
             f"{node.where}: ConvTranspose needs X (N, C, ...) and W of the same rank, got "
@@ -802,7 +796,7 @@ def _pool_window(
 
 def _flat_indices(node: Node, shape: Sequence[int], column_major: bool) -> Any:
     """Each element's index in the flattened X (spatial axes column-major if asked), in-graph."""
-    dtype = _canonical(np.int64)
+    dtype = canonical(np.int64)
     if math.prod(shape) - 1 > np.iinfo(dtype).max:
         raise ValueError(
             f"{node.where}: X of shape {list(shape)} has more elements than int32 indices "
@@ -872,7 +866,7 @@ def _max_pool(node: Node, x: Any) -> Any:
     if node.n_outputs > 1:
         check_size(node, out_shape, np.int64, "Indices output")
     if 0 in out_shape:
-        return (_empty(out_shape, x.dtype), _cast(np.zeros(out_shape, np.int64), np.int64))[
+        return (_empty(out_shape, x.dtype), cast_to(np.zeros(out_shape, np.int64), np.int64))[
             : node.n_outputs
         ]
     low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
@@ -906,7 +900,7 @@ def _max_pool(node: Node, x: Any) -> Any:
     )
     if on_x is not None:
         indices = jnp.where(on_x, indices, np.asarray(-1, indices.dtype))
-    return values, _cast(indices, np.int64)
+    return values, cast_to(indices, np.int64)
 
 
 @register("AveragePool")
@@ -977,7 +971,7 @@ def _max_unpool(node: Node, x: Any, indices: Any, output_shape: Any = None) -> A
         (size - 1) * s - pads[i] - pads[n + i] + k
         for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel, strict=True))
     ]
-    _vector(node, output_shape, "output_shape")
+    check_vector(node, output_shape, "output_shape")
     shape = inferred if output_shape is None else [int(d) for d in np.reshape(output_shape, -1)]
     if len(shape) != x.ndim or any(d < i for d, i in zip(shape, inferred, strict=True)):
         raise ValueError(

@@ -16,8 +16,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import NotStaticError, _axis, _xp, check_size, is_static
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_size, norm_axis, xp_of
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import NotStaticError, is_static
 
 
 def _require_static(node: Node, value: Any, position: int) -> np.ndarray:
@@ -62,7 +64,7 @@ def _unique(node: Node, x: Any) -> tuple[Any, Any, Any, Any]:
     if axis is None:
         rows = x.reshape(-1)
     else:
-        axis = _axis(int(axis), x.ndim, node.where)
+        axis = norm_axis(int(axis), x.ndim, node.where)
         rows = np.moveaxis(x, axis, 0)
         rows = rows.reshape(rows.shape[0], math.prod(rows.shape[1:]))  # -1 fails when empty
     n = rows.shape[0]
@@ -103,7 +105,7 @@ def _compress(node: Node, x: Any, condition: Any) -> Any:
         x = x.reshape(-1)
         axis = 0
     else:
-        axis = _axis(int(axis), np.ndim(x), node.where)
+        axis = norm_axis(int(axis), np.ndim(x), node.where)
     length = np.shape(x)[axis]
     if condition.size > length:
         raise ValueError(
@@ -114,7 +116,7 @@ def _compress(node: Node, x: Any, condition: Any) -> Any:
     shape = list(np.shape(x))
     shape[axis] = keep.size
     check_size(node, shape, x.dtype)
-    if _xp(x) is np:
+    if xp_of(x) is np:
         return np.take(x, keep, axis=axis)
     return jnp.take(x, keep, axis=axis)
 

@@ -19,19 +19,19 @@ from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, tensor_dtype
 from onnx_optax._src.ops.arrays import (
-    _axis,
-    _broadcast_check,
-    _canonical,
-    _cast,
-    _flag,
-    _is_int,
-    _same_dtype,
-    _xp,
+    broadcast_check,
+    cast_to,
     check_at_run,
     check_size,
-    is_static,
+    flag,
+    is_int,
+    norm_axis,
+    same_dtype,
+    xp_of,
 )
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 
 def _legacy_broadcast(node: Node, a: Any, b: Any) -> Any:
@@ -41,7 +41,7 @@ def _legacy_broadcast(node: Node, a: Any, b: Any) -> Any:
     axis = node.get("axis")
     if axis is None:
         return b
-    axis = _axis(int(axis), np.ndim(a), node.where)
+    axis = norm_axis(int(axis), np.ndim(a), node.where)
     trailing = np.ndim(a) - axis - np.ndim(b)
     return b.reshape(tuple(np.shape(b)) + (1,) * max(trailing, 0))
 
@@ -49,9 +49,9 @@ def _legacy_broadcast(node: Node, a: Any, b: Any) -> Any:
 def _binary(fn_name: str) -> Callable[..., Any]:
     def run(node: Node, a: Any, b: Any) -> Any:
         b = _legacy_broadcast(node, a, b)
-        _same_dtype(node, a, b)
-        _broadcast_check(node, a, b)
-        return getattr(_xp(a, b), fn_name)(a, b)
+        same_dtype(node, a, b)
+        broadcast_check(node, a, b)
+        return getattr(xp_of(a, b), fn_name)(a, b)
 
     return run
 
@@ -77,40 +77,40 @@ def _int_quotient(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @register("Div")
 def _div(node: Node, a: Any, b: Any) -> Any:
     b = _legacy_broadcast(node, a, b)
-    _same_dtype(node, a, b)
-    shape = _broadcast_check(node, a, b)
-    if _is_int(a):
+    same_dtype(node, a, b)
+    shape = broadcast_check(node, a, b)
+    if is_int(a):
         _nonzero_divisor(node, b)
-        if _xp(a, b) is np:
+        if xp_of(a, b) is np:
             return _int_quotient(a, b)
         return lax.div(jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape))
-    return _xp(a, b).divide(a, b)
+    return xp_of(a, b).divide(a, b)
 
 
 @register("Mod")
 def _mod(node: Node, a: Any, b: Any) -> Any:
-    _same_dtype(node, a, b)
-    _broadcast_check(node, a, b)
-    fmod = _flag(node, "fmod")
-    if _is_int(a):
+    same_dtype(node, a, b)
+    broadcast_check(node, a, b)
+    fmod = flag(node, "fmod")
+    if is_int(a):
         _nonzero_divisor(node, b)
     elif not fmod and node.opset < 28:
         raise ValueError(
             f"{node.where}: Mod of floating-point tensors needs fmod=1 before opset 28 "
             f"(this model's opset is {node.opset})"
         )
-    xp = _xp(a, b)
+    xp = xp_of(a, b)
     return xp.fmod(a, b) if fmod else xp.mod(a, b)
 
 
 @register("Pow")
 def _pow(node: Node, a: Any, b: Any) -> Any:
     b = _legacy_broadcast(node, a, b)
-    _broadcast_check(node, a, b)
-    xp = _xp(a, b)
-    if _is_int(a) and not _is_int(b):
-        return _cast(xp.power(_cast(a, b.dtype), b), a.dtype)
-    return xp.power(a, _cast(b, a.dtype))
+    broadcast_check(node, a, b)
+    xp = xp_of(a, b)
+    if is_int(a) and not is_int(b):
+        return cast_to(xp.power(cast_to(a, b.dtype), b), a.dtype)
+    return xp.power(a, cast_to(b, a.dtype))
 
 
 def _unary(fn: Callable[[Any], Any], np_fn: Callable[[Any], Any] | None = None) -> Any:
@@ -159,7 +159,7 @@ for _name, _fn, _np_fn in [
 
 @register("IsInf")
 def _isinf(node: Node, x: Any) -> Any:
-    xp = _xp(x)
+    xp = xp_of(x)
     pos = xp.isposinf(x) if node.get("detect_positive", 1) else xp.zeros(x.shape, bool)
     neg = xp.isneginf(x) if node.get("detect_negative", 1) else xp.zeros(x.shape, bool)
     return xp.logical_or(pos, neg)
@@ -182,9 +182,9 @@ def _shrink(node: Node, x: Any) -> Any:
     The comparisons are exact for integer x; ``bias`` is read in x's dtype
     (truncated for integers), so the output keeps x's dtype.
     """
-    xp = _xp(x)
+    xp = xp_of(x)
     bias, lambd = float(node["bias"]), float(node["lambd"])
-    if _is_int(x):
+    if is_int(x):
         low, high = _int_compare(xp, x, -lambd, True), _int_compare(xp, x, lambd, False)
     else:
         low, high = x < np.asarray(-lambd, x.dtype), x > np.asarray(lambd, x.dtype)
@@ -207,9 +207,9 @@ for _name, _fn_name in [
 
 def _variadic(fn_name: str) -> Callable[..., Any]:
     def run(node: Node, *xs: Any) -> Any:
-        _same_dtype(node, *xs)
-        _broadcast_check(node, *xs)
-        xp = _xp(*xs)
+        same_dtype(node, *xs)
+        broadcast_check(node, *xs)
+        xp = xp_of(*xs)
         out = xs[0]
         for x in xs[1:]:
             out = getattr(xp, fn_name)(out, x)
@@ -231,9 +231,9 @@ def _mean(node: Node, *xs: Any) -> Any:
 
 @register("Where")
 def _where(node: Node, condition: Any, x: Any, y: Any) -> Any:
-    _same_dtype(node, x, y)
-    _broadcast_check(node, condition, x, y)
-    return _xp(condition, x, y).where(condition, x, y)
+    same_dtype(node, x, y)
+    broadcast_check(node, condition, x, y)
+    return xp_of(condition, x, y).where(condition, x, y)
 
 
 @register("Clip")
@@ -247,11 +247,11 @@ def _clip(node: Node, x: Any, low: Any = None, high: Any = None) -> Any:
             raise ValueError(
                 f"{node.where}: {name} must be a scalar, got shape {list(np.shape(bound))}"
             )
-    xp = _xp(x, low, high)
+    xp = xp_of(x, low, high)
     if low is not None:
-        x = xp.maximum(x, _cast(low, x.dtype).reshape(()))
+        x = xp.maximum(x, cast_to(low, x.dtype).reshape(()))
     if high is not None:
-        x = xp.minimum(x, _cast(high, x.dtype).reshape(()))
+        x = xp.minimum(x, cast_to(high, x.dtype).reshape(()))
     return x
 
 
@@ -269,7 +269,7 @@ def _convert(node: Node, x: Any, target: np.dtype) -> Any:
     """Cast and CastLike; ``saturate`` clips into the range of the narrow float types."""
     import ml_dtypes
 
-    xp = _xp(x)
+    xp = xp_of(x)
     source = np.dtype(x.dtype)
     # the widest array computed: the target, or int32 on the way to 2- and 4-bit types
     widest = np.dtype(np.int32) if target.name in _SMALL_INTS else target
@@ -284,14 +284,14 @@ def _convert(node: Node, x: Any, target: np.dtype) -> Any:
         bits = 4 if target.name.endswith("4") else 2
         if not np.issubdtype(source, np.integer):
             x = xp.trunc(x)
-        v = _cast(x, np.int32)
+        v = cast_to(x, np.int32)
         low = -(1 << (bits - 1)) if target.name.startswith("int") else 0
         span = np.asarray(1 << bits, np.int32)
-        return _cast(xp.mod(v - np.int32(low), span) + np.int32(low), target)
+        return cast_to(xp.mod(v - np.int32(low), span) + np.int32(low), target)
     if target.name in _SMALL_FLOATS and node.get("saturate", 1):
         top = float(ml_dtypes.finfo(target).max)
         x = xp.clip(x, np.asarray(-top, source), np.asarray(top, source))
-    return _cast(x, target)
+    return cast_to(x, target)
 
 
 def _cast_check(node: Node) -> None:
@@ -330,8 +330,8 @@ def _bit_shift(node: Node, x: Any, shift: Any) -> Any:
     direction = node["direction"]
     if direction not in ("LEFT", "RIGHT"):
         raise ValueError(f"{node.where}: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    _same_dtype(node, x, shift)
-    shape = _broadcast_check(node, x, shift)
+    same_dtype(node, x, shift)
+    shape = broadcast_check(node, x, shift)
     x, shift = jnp.broadcast_to(x, shape), jnp.broadcast_to(shift, shape)
     bits = np.iinfo(x.dtype).bits
     outside = (shift < 0) | (shift >= bits)
@@ -354,12 +354,12 @@ def _bit_cast(node: Node, x: Any) -> Any:
     """
     target = tensor_dtype(node["to"], node.where)
     if x.dtype == bool:
-        x = _cast(x, np.uint8)
+        x = cast_to(x, np.uint8)
     source = np.dtype(x.dtype)
     for dtype in (source, target):
         if dtype.name in _NO_BITCAST:
             raise ValueError(f"{node.where}: bit casts to or from {dtype.name} are not supported")
-    if not is_static(x) and _canonical(target) != target:  # x is then narrowed too
+    if not is_static(x) and canonical(target) != target:  # x is then narrowed too
         raise ValueError(f"{node.where}: BitCast to {target} needs 64-bit JAX (jax_enable_x64)")
     if source.itemsize != target.itemsize:
         raise ValueError(

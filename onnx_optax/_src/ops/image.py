@@ -22,13 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import (
-    _axes,
-    _canonical,
-    _vector,
-    check_size,
-)
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_size, check_vector, norm_axes
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDINATES = (
@@ -88,7 +85,7 @@ def _plan(
     """Per axis: the scale, the output length and the region (start, end) of the input."""
     rank = len(shape)
     axes_attr = node.get("axes")
-    axes = list(range(rank)) if axes_attr is None else list(_axes(axes_attr, rank, node.where))
+    axes = list(range(rank)) if axes_attr is None else list(norm_axes(axes_attr, rank, node.where))
     if (scales is None) == (sizes is None):
         raise ValueError(f"{node.where}: give exactly one of scales and sizes")
     given = scales if scales is not None else sizes
@@ -268,7 +265,7 @@ def _resize(node: Node, x: Any, roi: Any = None, scales: Any = None, sizes: Any 
     dtype = np.dtype(x.dtype)
     integer = not np.issubdtype(dtype, np.floating)
     work = dtype if dtype.itemsize >= 4 and not integer else np.dtype(np.float32)
-    work = _canonical(work)
+    work = canonical(work)
     y = jnp.asarray(x)
     if mode != "nearest":
         y = y.astype(work)
@@ -291,12 +288,12 @@ def _resize(node: Node, x: Any, roi: Any = None, scales: Any = None, sizes: Any 
             mode,
             coordinates,
             nearest,
-            work if mode != "nearest" else _canonical(dtype),
+            work if mode != "nearest" else canonical(dtype),
         )
     if mode != "nearest" and integer:
         info = np.iinfo(dtype)
         y = jnp.clip(jnp.round(y), info.min, info.max)
-    return y.astype(_canonical(dtype))
+    return y.astype(canonical(dtype))
 
 
 # ----------------------------------------------------------------------------- GridSample
@@ -440,7 +437,7 @@ def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool)
 def _work_dtype(*dtypes: Any) -> np.dtype:
     """float64 when an input is, else float32 (half types are computed in float32)."""
     wide = any(np.dtype(d) == np.float64 for d in dtypes)
-    return _canonical(np.float64 if wide else np.float32)
+    return canonical(np.float64 if wide else np.float32)
 
 
 def _grid_shapes(node: Node, x: Any, grid: Any) -> None:
@@ -475,7 +472,7 @@ def _grid_sample(node: Node, x: Any, grid: Any) -> Any:
         raise TypeError(f"{node.where}: GridSample of X of type {x.dtype} is not supported")
     n, c, *spatial = x.shape
     out_spatial = list(grid.shape[1:-1])
-    dtype = _canonical(x.dtype)
+    dtype = canonical(x.dtype)
     check_size(node, [n, c, *out_spatial], dtype)
     if math.prod([n, c, *out_spatial]) == 0 or math.prod(spatial) == 0:
         return jnp.zeros((n, c, *out_spatial), dtype)
@@ -508,7 +505,7 @@ def _base_axis(size: int, align: bool) -> np.ndarray:
 def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
     """``grid[n, d, h, w] = theta[n] @ (x_w, y_h, z_d, 1)``, the normalized base grid
     transformed (2-D: ``theta`` (N, 2, 3) and size (N, C, H, W); 3-D: (N, 3, 4), 5 sizes)."""
-    _vector(node, size, "size")
+    check_vector(node, size, "size")
     dims = [int(d) for d in np.asarray(size).reshape(-1)]
     align = int(node.get("align_corners", 0))
     if align not in (0, 1):
@@ -524,7 +521,7 @@ def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
             f"{[dims[0], rank, rank + 1]} for size {dims}"
         )
     spatial = dims[2:]
-    dtype = _canonical(theta.dtype)
+    dtype = canonical(theta.dtype)
     check_size(node, [dims[0], *spatial, rank], dtype)
     check_size(node, [*spatial, rank + 1], np.float64, "base grid")
     axes = [_base_axis(s, bool(align)) for s in spatial]

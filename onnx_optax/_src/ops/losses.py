@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import _canonical, _checked_labels
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import checked_labels
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 
 def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
@@ -38,7 +40,7 @@ def _nll(node: Node, log_prob: Any, labels: Any, weights: Any) -> Any:
             f"{classes} classes"
         )
     ignore = _ignore_index(ignore, labels)
-    _checked_labels(node, labels, classes, ignore)
+    checked_labels(node, labels, classes, ignore)
     labels = jnp.asarray(labels)
     valid = jnp.ones(labels.shape, bool) if ignore is None else labels != ignore
     safe = jnp.where(valid, labels, 0)
@@ -66,7 +68,7 @@ def _ignore_index(ignore: int | None, labels: Any) -> int | None:
     """
     if ignore is None or not np.issubdtype(labels.dtype, np.integer):
         return ignore  # non-integer labels: refused by the label check
-    bounds = np.iinfo(_canonical(labels.dtype))  # as JAX holds them, where they are compared
+    bounds = np.iinfo(canonical(labels.dtype))  # as JAX holds them, where they are compared
     return ignore if bounds.min <= ignore <= bounds.max else None
 
 

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.ops.arrays import _axis
+from onnx_optax._src.ops.arrays import norm_axis
 from onnx_optax._src.ops.conv import _pool_geometry
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
 
 
 def _p(node: Node, allowed: tuple[int, ...] | None = None) -> float:
@@ -48,7 +49,7 @@ def _powered(x: Any, p: float) -> Any:
 def _lp_normalization(node: Node, x: Any) -> Any:
     """``x / ||x||_p`` along ``axis`` (p is 1 or 2); 0 where the norm is 0."""
     p = _p(node, (1, 2))
-    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
     x = jnp.asarray(x)
     norm = _root(jnp.sum(_powered(x, p), axis=axis, keepdims=True), p)
     zero = norm == 0

@@ -50,8 +50,10 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
-from onnx_optax._src.ops.arrays import _xp, check_at_run, check_size, is_static
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_at_run, check_size, xp_of
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import is_static
 
 ML_DOMAIN = "ai.onnx.ml"
 
@@ -394,7 +396,7 @@ def _binarizer(node: Node, x: Any) -> Any:
     _check_dtype(node, x, "X", _FEATURES)
     threshold = float(node["threshold"])
     if np.dtype(x.dtype).kind == "f":  # onnxruntime refuses a NaN ("is NaN"), never a 0 for it
-        check_at_run(f"{node.where}: input X holds {{}}, which is no number", _xp(x).isnan(x), x)
+        check_at_run(f"{node.where}: input X holds {{}}, which is no number", xp_of(x).isnan(x), x)
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if math.isnan(threshold) or math.isinf(threshold):  # nothing is above NaN or inf

@@ -17,13 +17,14 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.ops.arrays import (
-    _axis,
-    _broadcast_check,
-    _same_dtype,
-    _xp_sized,
+    broadcast_check,
     check_size,
+    norm_axis,
+    same_dtype,
+    xp_sized,
 )
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
 
 # ----------------------------------------------------------------------------- activations
 
@@ -37,8 +38,8 @@ def _leaky_relu(node: Node, x: Any) -> Any:
 def _prelu(node: Node, x: Any, slope: Any) -> Any:
     if node.opset < 7 and np.ndim(slope) == 1 and np.ndim(x) > 2 and slope.shape[0] == x.shape[1]:
         slope = slope.reshape((-1,) + (1,) * (np.ndim(x) - 2))  # per channel
-    _same_dtype(node, x, slope)
-    _broadcast_check(node, x, slope)
+    same_dtype(node, x, slope)
+    broadcast_check(node, x, slope)
     return jnp.where(x < 0, x * slope, x)
 
 
@@ -97,9 +98,9 @@ def _softmax_like(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(node: Node, x: Any) -> Any:
         rank = np.ndim(x)
         if node.opset >= 13:
-            return fn(x, axis=_axis(int(node.get("axis", -1)), rank, node.where))
+            return fn(x, axis=norm_axis(int(node.get("axis", -1)), rank, node.where))
         # opset < 13: coerce to 2-D at `axis` (default 1) and normalise each row
-        axis = _axis(int(node.get("axis", 1)), rank, node.where)
+        axis = norm_axis(int(node.get("axis", 1)), rank, node.where)
         rows = math.prod(x.shape[:axis])
         flat = x.reshape(rows, math.prod(x.shape[axis:]))
         return fn(flat, axis=1).reshape(x.shape)
@@ -177,8 +178,8 @@ def _matmul_shape(node: Node, a: Any, b: Any) -> list[int]:
 
 @register("MatMul")
 def _matmul(node: Node, a: Any, b: Any) -> Any:
-    _same_dtype(node, a, b)
-    return _xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
+    same_dtype(node, a, b)
+    return xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
 
 
 def one_hot_product(ids: Any, b: Any) -> Any:
@@ -206,7 +207,7 @@ def one_hot_product(ids: Any, b: Any) -> Any:
 
 @register("Gemm")
 def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
-    _same_dtype(node, a, b, c)
+    same_dtype(node, a, b, c)
     for name in ("transA", "transB"):
         if node[name] not in (0, 1):
             raise ValueError(f"{node.where}: {name} {node[name]} must be 0 or 1")
@@ -240,7 +241,7 @@ def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
 
 @register("Einsum")
 def _einsum(node: Node, *xs: Any) -> Any:
-    _same_dtype(node, *xs)
+    same_dtype(node, *xs)
     equation = node["equation"].replace(" ", "")
     terms, arrow, output = equation.partition("->")
     if arrow and "..." not in output:  # onnxruntime sums no axis an ellipsis stands for

@@ -17,17 +17,11 @@ from jax import lax
 
 from onnx_optax._src import random_keys
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import (
-    _axes,
-    _axis,
-    _canonical,
-    _same_dtype,
-    _xp,
-    check_at_run,
-    is_static,
-)
+from onnx_optax._src.ops.arrays import check_at_run, norm_axes, norm_axis, same_dtype, xp_of
+from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.nn import _broadcasts_to
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 # ----------------------------------------------------------------------------- normalization
 
@@ -39,8 +33,8 @@ def _channel(value: Any, rank: int) -> Any:
 
 @register("BatchNormalization")
 def _batch_norm(node: Node, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
-    _same_dtype(node, scale, bias)
-    _same_dtype(node, mean, var)
+    same_dtype(node, scale, bias)
+    same_dtype(node, mean, var)
     rank = np.ndim(x)
     if rank < 2:
         raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} needs (N, C, ...)")
@@ -104,13 +98,13 @@ def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
 @register("LayerNormalization")
 def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
     rank = x.ndim
-    axis = _axis(int(node["axis"]), rank, node.where)
+    axis = norm_axis(int(node["axis"]), rank, node.where)
     _broadcasts_to(node, "Scale", scale, x.shape)
     if bias is not None:
         _broadcasts_to(node, "B", bias, x.shape)
     stash = tensor_dtype(node["stash_type"], node.where)
     axes = tuple(range(axis, rank))
-    xs = x.astype(_canonical(stash))
+    xs = x.astype(canonical(stash))
     mean = jnp.mean(xs, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(xs - mean), axis=axes, keepdims=True)
     inv_std = lax.rsqrt(var + np.asarray(node["epsilon"], xs.dtype))
@@ -124,7 +118,7 @@ def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
 def _mean_variance_norm(node: Node, x: Any) -> Any:
     """``(x - mean) / (std + 1e-9)``, mean and std over ``axes`` (default N and the spatial
     axes 0, 2, 3), as the op's function body in the spec."""
-    axes = _axes([int(a) for a in node["axes"]], x.ndim, node.where)
+    axes = norm_axes([int(a) for a in node["axes"]], x.ndim, node.where)
     mean = jnp.mean(x, axis=axes, keepdims=True)
     std = jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True))
     return (x - mean) / (std + np.asarray(1e-9, x.dtype))
@@ -155,7 +149,7 @@ def _group_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
                 f"{what[:-1]} ({per}) at opset {node.opset}"
             )
     stash = tensor_dtype(node.get("stash_type", 1), node.where) if node.opset >= 21 else x.dtype
-    xs = x.astype(_canonical(stash)).reshape((x.shape[0], groups, -1))
+    xs = x.astype(canonical(stash)).reshape((x.shape[0], groups, -1))
     mean = jnp.mean(xs, axis=2, keepdims=True)
     var = jnp.mean(jnp.square(xs - mean), axis=2, keepdims=True)
     normed = ((xs - mean) * lax.rsqrt(var + np.asarray(node["epsilon"], xs.dtype))).astype(x.dtype)
@@ -188,7 +182,7 @@ def _dropout(node: Node, x: Any, ratio: Any = None, training_mode: Any = None) -
         check_at_run(
             f"{node.where}: ratio must be in [0, 1), got {{}}", ~((ratio >= 0) & (ratio < 1)), ratio
         )
-    kept = _xp(x).ones(x.shape, bool) if node.opset >= 10 else _xp(x).ones(x.shape, x.dtype)
+    kept = xp_of(x).ones(x.shape, bool) if node.opset >= 10 else xp_of(x).ones(x.shape, x.dtype)
     off = training_mode is None or (is_static(training_mode) and not bool(training_mode))
     if off or (ratio is not None and is_static(ratio) and float(ratio) == 0):
         return (x, kept)[: node.n_outputs]

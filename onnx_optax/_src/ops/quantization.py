@@ -25,17 +25,12 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import (
-    _axis,
-    _cast,
-    _xp,
-    check_at_run,
-    check_size,
-    is_static,
-)
+from onnx_optax._src.ops.arrays import cast_to, check_at_run, check_size, norm_axis, xp_of
 from onnx_optax._src.ops.conv import _conv
+from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.nn import _matmul_shape
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import is_static
 
 # The integer types a quantized tensor may have, with their ranges.
 _INT_RANGES = {
@@ -84,14 +79,14 @@ def _per_element(
         raise ValueError(f"{node.where}: {name} of shape {list(dims)} must be a scalar at opset 10")
     rank = len(shape)
     if not block:
-        axis = _axis(axis, rank, node.where)
+        axis = norm_axis(axis, rank, node.where)
         if dims != (shape[axis],):
             raise ValueError(
                 f"{node.where}: {name} of shape {list(dims)} is neither a scalar nor 1-D of "
                 f"the {shape[axis]} entries of X's axis {axis} (X of shape {list(shape)})"
             )
         return value.reshape(tuple(shape[axis] if i == axis else 1 for i in range(rank)))
-    axis = _axis(axis, rank, node.where)
+    axis = norm_axis(axis, rank, node.where)
     blocks = -(-shape[axis] // block)
     expected = tuple(blocks if i == axis else d for i, d in enumerate(shape))
     if dims != expected:
@@ -100,7 +95,7 @@ def _per_element(
             f"in blocks of {block} along axis {axis} (expected {list(expected)})"
         )
     check_size(node, shape, value.dtype, f"{name} repeated over its blocks")
-    xp = _xp(value)
+    xp = xp_of(value)
     # a block longer than the axis is one block: repeat no more than the axis holds
     repeats = min(block, shape[axis])
     return xp.take(xp.repeat(value, repeats, axis=axis), np.arange(shape[axis]), axis=axis)
@@ -138,7 +133,7 @@ def _divide(a: Any, b: Any) -> Any:
     rounding tie. Behind an optimization barrier the divisor is an array of the
     quotient's shape, which XLA divides by.
     """
-    if _xp(a, b) is np:
+    if xp_of(a, b) is np:
         return np.divide(a, b)
     shape = np.broadcast_shapes(np.shape(a), np.shape(b))
     return a / lax.optimization_barrier(jnp.broadcast_to(b, shape))
@@ -214,33 +209,33 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
     scale = _per_element(node, scale, "y_scale", shape, axis, block)
     if zero_point is not None:
         zero_point = _per_element(node, zero_point, "y_zero_point", shape, axis, block)
-    xp = _xp(x, scale, zero_point)
+    xp = xp_of(x, scale, zero_point)
     precision = _division_type(node, scale)
-    v = _divide(_cast(x, precision), _cast(scale, precision))
+    v = _divide(cast_to(x, precision), cast_to(scale, precision))
     name = target.name
     if name in _INT_RANGES:
         low, high = _INT_RANGES[name]
         v = xp.round(v) if xp is np else _round_ste(v)
         wide = np.dtype(np.float32) if precision.itemsize <= 4 else precision
-        v = _cast(v, wide)
+        v = cast_to(v, wide)
         if zero_point is not None:
-            v = v + _cast(_cast(zero_point, np.int32), wide)
+            v = v + cast_to(cast_to(zero_point, np.int32), wide)
         # saturated: derivative 1 inside [low, high] (its ends included), 0 where clipped;
         # NaN (never >= low) becomes low, as onnxruntime and onnx's reference quantize it
         v = xp.where(
             ~(v >= low), np.asarray(low, wide), xp.where(v > high, np.asarray(high, wide), v)
         )
-        q = _cast(_cast(v, np.int32), target)
+        q = cast_to(cast_to(v, np.int32), target)
         if isinstance(v, jax.core.Tracer):  # q's values as float32 (NaN as q has it)
-            _shadow(q, jnp.where(v == v, _cast(v, np.float32), _cast(q, np.float32)))
+            _shadow(q, jnp.where(v == v, cast_to(v, np.float32), cast_to(q, np.float32)))
         return q
     if name in _FLOAT8 or name in _FLOAT4:
         if name in _FLOAT4 and zero_point is not None:
-            v = v + _cast(zero_point, precision)  # as onnx's reference
+            v = v + cast_to(zero_point, precision)  # as onnx's reference
         if name in _FLOAT4 or node.get("saturate", 1):
             top = float(ml_dtypes.finfo(target).max)
             v = xp.clip(v, np.asarray(-top, v.dtype), np.asarray(top, v.dtype))
-        return _cast(v, target)
+        return cast_to(v, target)
     raise TypeError(f"{node.where}: {target} is not a quantized type")
 
 
@@ -261,21 +256,21 @@ def _dequantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -
         zero_point = _per_element(node, zero_point, "x_zero_point", shape, axis, block)
     if _is_float(x.dtype):
         if zero_point is not None and np.dtype(x.dtype).name in _FLOAT8:
-            z = _cast(zero_point, np.float32)
+            z = cast_to(zero_point, np.float32)
             check_at_run(
                 f"{node.where}: a float8 x_zero_point must be zero, it holds {{}}",
                 z != 0,
                 z,
             )
-        d = _cast(x, np.float32)
+        d = cast_to(x, np.float32)
     elif (shadow := _shadow_of(x)) is not None:  # x's values, differentiable
-        d = shadow if zero_point is None else shadow - _cast(zero_point, np.float32)
+        d = shadow if zero_point is None else shadow - cast_to(zero_point, np.float32)
     else:
-        d = _cast(x, np.int32)
+        d = cast_to(x, np.int32)
         if zero_point is not None:
-            d = d - _cast(zero_point, np.int32)
-        d = _cast(d, np.float32)
-    return _cast(d * _cast(scale, np.float32), out)
+            d = d - cast_to(zero_point, np.int32)
+        d = cast_to(d, np.float32)
+    return cast_to(d * cast_to(scale, np.float32), out)
 
 
 @register("DynamicQuantizeLinear")
@@ -286,22 +281,22 @@ def _dynamic_quantize_linear(node: Node, x: Any) -> Any:
     round(clip(-min / y_scale, 0, 255)), y = saturate(round(x / y_scale) + y_zero_point).
     """
     check_size(node, np.shape(x), np.float32)
-    xp = _xp(x)
+    xp = xp_of(x)
     f32 = np.float32
     top = xp.maximum(xp.max(x), f32(0)) if np.size(x) else f32(0)
     bottom = xp.minimum(xp.min(x), f32(0)) if np.size(x) else f32(0)
     scale = _divide(xp.where(top == bottom, f32(1), top - bottom), f32(255))
     zero = xp.round(xp.clip(f32(0) - _divide(bottom, scale), f32(0), f32(255)))
     y = xp.clip(xp.round(_divide(x, scale)) + zero, f32(0), f32(255))
-    return _cast(y, np.uint8), _cast(scale, f32), _cast(zero, np.uint8)
+    return cast_to(y, np.uint8), cast_to(scale, f32), cast_to(zero, np.uint8)
 
 
 def _minus(node: Node, x: Any, zero_point: Any, name: str, axis_shape: Any = None) -> Any:
     """x - zero_point in int32; ``axis_shape`` reshapes a 1-D per-row/column/channel one."""
-    v = _cast(x, np.int32)
+    v = cast_to(x, np.int32)
     if zero_point is None:
         return v
-    z = _cast(zero_point, np.int32)
+    z = cast_to(zero_point, np.int32)
     if np.ndim(z) == 1 and np.size(z) != 1 and axis_shape is not None:
         z = z.reshape(axis_shape)
     try:  # the zero point broadcasts to its input, never the input to a larger shape
@@ -327,7 +322,7 @@ def _int_matmul(node: Node, a: Any, b: Any, a_zp: Any, b_zp: Any) -> Any:
     rows = (-1, 1) if np.ndim(a) >= 2 else None
     a32 = _minus(node, a, a_zp, "a_zero_point", rows)
     b32 = _minus(node, b, b_zp, "b_zero_point")
-    xp = _xp(a32, b32)
+    xp = xp_of(a32, b32)
     if xp is np:
         return np.matmul(a32, b32)
     return jnp.matmul(a32, b32, preferred_element_type=jnp.int32)
@@ -341,13 +336,13 @@ def _matmul_integer(node: Node, a: Any, b: Any, a_zp: Any = None, b_zp: Any = No
 def _requantize(node: Node, acc: Any, multiplier: Any, zero_point: Any, target: Any) -> Any:
     """saturate(round(acc * multiplier) + zero_point) in ``target`` (u/int8), in float32."""
     low, high = _INT_RANGES[np.dtype(target).name]
-    xp = _xp(acc, multiplier, zero_point)
-    v = _cast(acc, np.float32) * _cast(multiplier, np.float32)
+    xp = xp_of(acc, multiplier, zero_point)
+    v = cast_to(acc, np.float32) * cast_to(multiplier, np.float32)
     v = xp.round(v)
     if zero_point is not None:
-        v = v + _cast(_cast(zero_point, np.int32), np.float32)
+        v = v + cast_to(cast_to(zero_point, np.int32), np.float32)
     v = xp.clip(v, np.float32(low), np.float32(high))
-    return _cast(_cast(v, np.int32), target)
+    return cast_to(cast_to(v, np.int32), target)
 
 
 def _scalar_or(node: Node, value: Any, name: str, n: int, shape: tuple[int, ...]) -> Any:

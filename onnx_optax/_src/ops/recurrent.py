@@ -25,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from onnx_optax._src.ops.arrays import _canonical, check_at_run, check_size, is_static
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_at_run, check_size
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 # name (lowercase, as onnxruntime matches them) -> (fn(x, alpha, beta), alpha, beta): the
 # defaults of the ONNX op of that name where there is one; None where the function takes
@@ -138,7 +140,7 @@ def _inputs(node: Node, gates: int, n_states: int, given: Sequence[Any]) -> _Inp
         raise ValueError(
             f"{node.where}: hidden_size {node['hidden_size']} but R has shape {list(np.shape(r))}"
         )
-    dtype = _canonical(x.dtype)
+    dtype = canonical(x.dtype)
     x = jnp.asarray(x, dtype)
     if layout:
         x = jnp.swapaxes(x, 0, 1)

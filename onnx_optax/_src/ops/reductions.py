@@ -18,35 +18,36 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.ops.arrays import (
-    _axes,
-    _axes_of,
-    _axis,
-    _canonical,
-    _cast,
-    _flag,
-    _vector,
-    _xp,
-    _xp_sized,
+    axes_of,
+    cast_to,
     check_size,
+    check_vector,
+    flag,
+    norm_axes,
+    norm_axis,
+    xp_of,
+    xp_sized,
 )
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 
 def _reduction(
     fn: Callable[..., Any], empty: Callable[[Any], Any] | None = None
 ) -> Callable[..., Any]:
     def run(node: Node, x: Any, axes: Any = None) -> Any:
-        _vector(node, axes, "axes")
-        picked = _axes_of(node, axes)
+        check_vector(node, axes, "axes")
+        picked = axes_of(node, axes)
         keepdims = bool(node.get("keepdims", 1))
         if not picked:
             if node.get("noop_with_empty_axes", 0):
                 return x
             picked = list(range(np.ndim(x)))
-        picked_ = _axes(picked, np.ndim(x), node.where)
+        picked_ = norm_axes(picked, np.ndim(x), node.where)
         # an empty X reduces to an output larger than itself: sized before anything fills it
         shape = [1 if a in picked_ else d for a, d in enumerate(x.shape)]
-        xp = _xp_sized(node, shape if keepdims else _kept(x.shape, picked_), x.dtype, x)
+        xp = xp_sized(node, shape if keepdims else _kept(x.shape, picked_), x.dtype, x)
         if any(x.shape[a] == 0 for a in picked_) and empty is not None:
             out = xp.full(shape, empty(x.dtype), x.dtype)
             return out if keepdims else out.reshape(_kept(x.shape, picked_))
@@ -100,20 +101,20 @@ for _name, _reduce, _empty in [
 
 def _arg(fn_name: str) -> Callable[..., Any]:
     def run(node: Node, x: Any) -> Any:
-        axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+        axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
         keepdims = bool(node["keepdims"])
         if x.shape[axis] == 0:
             raise ValueError(
                 f"{node.where}: axis {axis} of X of shape {list(x.shape)} is empty; it has no "
                 f"{fn_name[3:]}imum to point at"
             )
-        xp = _xp(x)
+        xp = xp_of(x)
         if node.get("select_last_index", 0):
             flipped = xp.flip(x, axis=axis)
             index = x.shape[axis] - 1 - getattr(xp, fn_name)(flipped, axis=axis, keepdims=keepdims)
         else:
             index = getattr(xp, fn_name)(x, axis=axis, keepdims=keepdims)
-        return _cast(index, np.int64)
+        return cast_to(index, np.int64)
 
     return run
 
@@ -131,9 +132,9 @@ def _cumulative(name: str, unit: int) -> Callable[..., Any]:
                 f"{node.where}: axis of shape {list(np.shape(axis))} must be a scalar or hold "
                 "one value in 1-D"
             )
-        a = _axis(int(np.asarray(axis).reshape(())), np.ndim(x), node.where)
-        reverse, exclusive = _flag(node, "reverse"), _flag(node, "exclusive")
-        xp = _xp(x)
+        a = norm_axis(int(np.asarray(axis).reshape(())), np.ndim(x), node.where)
+        reverse, exclusive = flag(node, "reverse"), flag(node, "exclusive")
+        xp = xp_of(x)
         y = xp.flip(x, axis=a) if reverse else x
         y = getattr(xp, name)(y, axis=a, dtype=y.dtype)
         if exclusive and x.shape[a]:
@@ -160,7 +161,7 @@ def _top_k(node: Node, x: Any, k: Any = None) -> Any:
     if np.shape(k) != (1,):  # the schema's "1-D tensor of one value", as onnxruntime checks
         raise ValueError(f"{node.where}: K must be 1-D of one value, got shape {list(np.shape(k))}")
     count = int(np.asarray(k).reshape(()))
-    axis = _axis(int(node.get("axis", -1)), np.ndim(x), node.where)
+    axis = norm_axis(int(node.get("axis", -1)), np.ndim(x), node.where)
     if not 0 <= count <= x.shape[axis]:
         raise ValueError(
             f"{node.where}: K is {count}; axis {axis} of X of shape {list(x.shape)} holds "
@@ -172,7 +173,7 @@ def _top_k(node: Node, x: Any, k: Any = None) -> Any:
     check_size(node, out, np.int64, "indices")
     order = jnp.argsort(x, axis=axis, stable=True, descending=bool(node.get("largest", 1)))
     index = lax.slice_in_dim(order, 0, count, axis=axis)
-    return jnp.take_along_axis(x, index, axis=axis), index.astype(_canonical(np.int64))
+    return jnp.take_along_axis(x, index, axis=axis), index.astype(canonical(np.int64))
 
 
 @register("Det")

@@ -6,13 +6,13 @@ table), is an :class:`Op` whose ``fn(node, *inputs)`` follows the newest opset's
 semantics and branches only where a newer opset changed them (``axes`` moving
 from an attribute to an input, Softmax's axis, Pad's and Slice's old attribute
 forms). Every family module of this package registers its ops here with
-:func:`register` (``register("Scaler", domain="ai.onnx.ml")`` in ``ml``);
+``guard.register`` (``register("Scaler", domain="ai.onnx.ml")`` in ``ml``);
 importing the package (``onnx_optax._src.ops``) imports them all, so whoever
 reads the registry sees every op. ``node`` is a :class:`Node`: the attributes by
 name with the schema's defaults for the model's opset of the node's domain, the
 opset itself and how errors name the node. Absent optional inputs arrive as ``None``.
 
-Every registered function runs behind one guard (:func:`_guarded`): its inputs'
+Every registered function runs behind one guard (``guard.guarded``): its inputs'
 types are matched against the schema's type constraints at the node's opset
 (``Pad`` of an int32 tensor with a float ``constant_value`` is refused, never
 cast), a host allocation that fails while the graph is traced (a tensor
@@ -24,7 +24,6 @@ numpy's floating-point warnings are silenced, as XLA computes without them.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,53 +93,3 @@ def domain_of(node: Any) -> str:
 def find_op(node: Any) -> Op | None:
     """The registered op running ``node`` (by its domain and op type), if any."""
     return REGISTRY.get(domain_of(node), {}).get(node.op_type)
-
-
-def register(
-    *names: str,
-    static: tuple[int, ...] = (),
-    domain: str = "",
-    check: Callable[[Node], None] | None = None,
-    prefer_static: tuple[int, ...] = (),
-) -> Callable[..., Any]:
-    """Registers ``fn(node, *inputs)`` as the op(s) ``names`` of ``domain``."""
-    domain = "" if domain in STANDARD_DOMAINS else domain
-    table = REGISTRY.setdefault(domain, {})
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for name in names:
-            table[name] = Op(
-                _guarded(name, domain, fn), static, check=check, prefer_static=prefer_static
-            )
-        return fn
-
-    return wrap
-
-
-def _guarded(op_type: str, domain: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` behind the schema's type constraints, with host memory errors named.
-
-    Constants computed with numpy while tracing compute as XLA does, silently: a
-    division by zero, an overflow, a NaN cast to an integer or the mean of an
-    empty axis give inf, NaN or whatever the cast gives, without numpy's
-    RuntimeWarning (an exception where warnings are errors, as under pytest).
-    """
-
-    def run(node: Node, *inputs: Any) -> Any:
-        from onnx_optax._src.ops.attributes import check_input_types
-
-        check_input_types(node, op_type, domain, inputs)
-        try:
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "Mean of empty slice"
-                return fn(node, *inputs)
-        except MemoryError:
-            raise ValueError(
-                f"{node.where}: the host ran out of memory computing its output while the graph "
-                f"was traced (the limit allows {node.max_bytes} bytes per tensor); lower it "
-                "with limits=Limits(tensor_bytes=...) to have such a node refused first"
-            ) from None
-
-    run.__name__ = run.__qualname__ = getattr(fn, "__name__", op_type)
-    run.__doc__ = fn.__doc__
-    return run

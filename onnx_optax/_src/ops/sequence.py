@@ -20,93 +20,31 @@ Gradient whose path crosses one is refused (see ``graph``).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.onnx_tensors import refuse_narrowing, tensor_dtype
-from onnx_optax._src.ops.arrays import (
+from onnx_optax._src.onnx_tensors import tensor_dtype
+from onnx_optax._src.ops.arrays import check_size, checked_indices, int_list, norm_axis, xp_of
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.subgraphs import (
+    check_inputs,
+    check_outputs,
+    check_signature,
+    spend_unrolled,
+)
+from onnx_optax._src.ops.values import (
     NotStaticError,
-    _axis,
-    _canonical,
-    _checked_indices,
-    _ints,
-    _xp,
-    check_size,
+    NoValue,
+    TensorSeq,
+    canonical,
     is_static,
+    type_text,
 )
-from onnx_optax._src.ops.registry import Node, register
-
-
-class TensorSeq(tuple):
-    """An ONNX sequence: its tensors (a length known while tracing) and their dtype.
-
-    ``elem_dtype`` is the dtype JAX holds for the elements (None: an empty
-    sequence of unknown type).
-    """
-
-    elem_dtype: np.dtype | None
-
-    def __new__(cls, items: Iterable[Any], elem_dtype: Any = None) -> TensorSeq:
-        seq = super().__new__(cls, items)
-        if elem_dtype is None and seq:
-            elem_dtype = seq[0].dtype
-        seq.elem_dtype = None if elem_dtype is None else _canonical(elem_dtype)
-        return seq
-
-    def __repr__(self) -> str:
-        return f"TensorSeq({list(self)!r}, {self.elem_dtype})"
-
-
-jax.tree_util.register_pytree_node(
-    TensorSeq, lambda s: (tuple(s), s.elem_dtype), lambda dtype, items: TensorSeq(items, dtype)
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class NoValue:
-    """The empty optional; ``type`` is what it would hold (``'seq(tensor(float))'``), if known."""
-
-    type: str | None = None
-
-
-jax.tree_util.register_pytree_node(NoValue, lambda v: ((), v.type), lambda t, _: NoValue(t))
-
-
-def is_sequence_or_optional(value: Any) -> bool:
-    """Whether a value is a sequence or an empty optional (no tensor)."""
-    return isinstance(value, TensorSeq | NoValue)
-
-
-def tensors(value: Any) -> tuple[Any, ...]:
-    """The tensors a value holds: itself, a sequence's elements, none for an empty optional."""
-    if isinstance(value, TensorSeq):
-        return tuple(value)
-    if value is None or isinstance(value, NoValue):
-        return ()
-    return (value,)
-
-
-def type_text(type_proto: Any) -> str | None:
-    """A TypeProto as the schemas write types (``'seq(tensor(float))'``); None if unknown."""
-    import onnx
-
-    kind = type_proto.WhichOneof("value")
-    if kind == "tensor_type" and type_proto.tensor_type.elem_type:
-        name = onnx.TensorProto.DataType.Name(type_proto.tensor_type.elem_type)
-        return f"tensor({name.lower()})"
-    inner = None
-    if kind == "sequence_type":
-        inner = type_text(type_proto.sequence_type.elem_type)
-        return None if inner is None else f"seq({inner})"
-    if kind == "optional_type":
-        inner = type_text(type_proto.optional_type.elem_type)
-        return None if inner is None else f"optional({inner})"
-    return None
 
 
 def _elem_dtype(type_proto: Any, what: str) -> np.dtype | None:
@@ -132,9 +70,9 @@ def feed_value(what: str, value: Any, type_proto: Any, tensor: Callable[[str, An
         raise TypeError(f"{what} is a sequence: feed a list of tensors, got {type(value).__name__}")
     items = [tensor(f"{what}[{i}]", v) for i, v in enumerate(value)]
     declared = _elem_dtype(type_proto, what)
-    dtypes = {_canonical(v.dtype) for v in items}
+    dtypes = {canonical(v.dtype) for v in items}
     if declared is not None:
-        dtypes.add(_canonical(declared))
+        dtypes.add(canonical(declared))
     if len(dtypes) > 1:
         raise TypeError(
             f"{what}: a sequence holds tensors of one dtype, got {sorted(map(str, dtypes))}"
@@ -150,14 +88,6 @@ def host_value(value: Any) -> Any:
     if isinstance(value, NoValue):
         return None
     return np.asarray(value)
-
-
-def refuse_narrowing_in(what: str, value: Any) -> None:
-    """``refuse_narrowing`` on each host tensor a value holds."""
-    for i, item in enumerate(tensors(value)):
-        if is_static(item):
-            label = f"{what}[{i}]" if isinstance(value, TensorSeq) else what
-            refuse_narrowing(label, item)
 
 
 # The op types of this module: a Gradient whose path crosses one is refused.
@@ -245,7 +175,7 @@ def _sequence_at(node: Node, seq: Any, position: Any) -> Any:
             f"different shapes {sorted(map(list, shapes))}; XLA compiles static shapes, so the "
             "position must be known while tracing"
         )
-    index = _checked_indices(node, jnp.reshape(position, ()), n, "position")
+    index = checked_indices(node, jnp.reshape(position, ()), n, "position")
     return jnp.stack([jnp.asarray(v) for v in seq])[index]
 
 
@@ -254,7 +184,7 @@ def _sequence_insert(node: Node, seq: Any, tensor: Any, position: Any = None) ->
     """``seq`` with ``tensor`` inserted before ``position`` in ``[-n, n]`` (default: at the end)."""
     seq = _sequence(node, seq)
     n = len(seq)
-    if seq.elem_dtype is not None and _canonical(tensor.dtype) != seq.elem_dtype:
+    if seq.elem_dtype is not None and canonical(tensor.dtype) != seq.elem_dtype:
         raise TypeError(
             f"{node.where}: the tensor is {np.dtype(tensor.dtype)} but the sequence holds "
             f"{seq.elem_dtype}"
@@ -284,7 +214,7 @@ def _split_to_sequence(node: Node, x: Any, split: Any = None) -> TensorSeq:
     dropped by ``keepdims``.
     """
     rank = np.ndim(x)
-    axis = _axis(int(node.get("axis", 0)), rank, node.where)
+    axis = norm_axis(int(node.get("axis", 0)), rank, node.where)
     dim = int(np.shape(x)[axis])
     if split is None:
         lengths = [1] * dim
@@ -294,7 +224,7 @@ def _split_to_sequence(node: Node, x: Any, split: Any = None) -> TensorSeq:
             raise ValueError(f"{node.where}: split {size} must be positive")
         lengths = [size] * (dim // size) + ([dim % size] if dim % size else [])
     elif np.ndim(split) == 1:
-        lengths = _ints(split)
+        lengths = int_list(split)
         if any(n < 0 for n in lengths) or sum(lengths) != dim:
             raise ValueError(
                 f"{node.where}: split {lengths} must be lengths of at least 0 summing to {dim}, "
@@ -309,7 +239,7 @@ def _split_to_sequence(node: Node, x: Any, split: Any = None) -> TensorSeq:
         index[axis] = slice(start, start + length)
         piece = x[tuple(index)]
         if split is None and not int(node.get("keepdims", 1)):
-            piece = _xp(piece).squeeze(piece, axis)
+            piece = xp_of(piece).squeeze(piece, axis)
         pieces.append(piece)
         start += length
     return TensorSeq(pieces, x.dtype)
@@ -328,7 +258,7 @@ def _concat_from_sequence(node: Node, seq: Any) -> Any:
         raise ValueError(f"{node.where}: the sequence is empty: there is nothing to concatenate")
     stack = bool(int(node.get("new_axis", 0)))
     rank = np.ndim(seq[0])
-    axis = _axis(int(node["axis"]), rank + stack, node.where)
+    axis = norm_axis(int(node["axis"]), rank + stack, node.where)
     shapes = [list(np.shape(v)) for v in seq]
     if any(_joined(a, axis, stack) != _joined(shapes[0], axis, stack) for a in shapes):
         raise ValueError(
@@ -337,15 +267,13 @@ def _concat_from_sequence(node: Node, seq: Any) -> Any:
     total = len(seq) if stack else sum(s[axis] for s in shapes)
     out_shape = [*shapes[0][:axis], total, *shapes[0][axis + stack :]]
     check_size(node, out_shape, seq[0].dtype)
-    xp = _xp(*seq)
+    xp = xp_of(*seq)
     return xp.stack(seq, axis) if stack else xp.concatenate(seq, axis)
 
 
 def _sequence_map_check(node: Node) -> None:
     """The body takes the node's inputs and gives its outputs (as onnxruntime)."""
-    from onnx_optax._src.ops.control_flow import _signature
-
-    _signature(node, "body", len(node.inputs), node.n_outputs)
+    check_signature(node, "body", len(node.inputs), node.n_outputs)
 
 
 @register("SequenceMap", check=_sequence_map_check)
@@ -356,13 +284,11 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     The body runs once per element while tracing (the elements may differ in
     shape); those runs count against ``limits=Limits(traced_nodes=...)``.
     """
-    from onnx_optax._src.ops.control_flow import _agree, _computed, spend_unrolled
-
     body = node["body"]
     inputs = (_sequence(node, seq), *others)
     # what the body is given: a sequence's elements (an empty one of its dtype stands for
     # them; an empty optional where that is not known), a tensor as it is
-    _agree(
+    check_inputs(
         node,
         "body",
         [
@@ -390,7 +316,7 @@ def _sequence_map(node: Node, seq: Any, *others: Any) -> tuple[TensorSeq, ...]:
     found: list[list[Any]] = [[] for _ in body.output_names]
     for i in range(n):
         outs = body(*(v[i] if isinstance(v, TensorSeq) else v for v in inputs))
-        _computed(node, "body", body, outs)
+        check_outputs(node, "body", body, outs)
         for kept, out in zip(found, outs, strict=True):
             kept.append(out)
     dtypes = getattr(body, "output_dtypes", (None,) * len(found))

@@ -23,24 +23,24 @@ from jax import lax
 from onnx_optax._src.onnx_tensors import refuse_narrowing, tensor_dtype
 from onnx_optax._src.ops.arrays import (
     HOST_FOLD_ELEMENTS,
-    _axes,
-    _axes_of,
-    _axis,
-    _canonical,
-    _checked_indices,
-    _int_check,
-    _ints,
-    _is_int,
-    _same_dtype,
-    _scalar_like,
-    _vector,
-    _xp,
+    axes_of,
     check_at_run,
+    check_scalar_like,
     check_size,
-    is_static,
+    check_vector,
+    checked_indices,
+    int_check,
+    int_list,
+    is_int,
+    norm_axes,
+    norm_axis,
+    same_dtype,
+    xp_of,
 )
+from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.image import _resize
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical, is_static
 
 
 @register("Identity")
@@ -73,13 +73,13 @@ def _constant_of_shape(node: Node, shape: Any) -> Any:
     fill = (np.zeros((), np.float32) if value is None else np.asarray(value)).reshape(-1)
     if fill.size != 1:
         raise ValueError(f"{node.where}: attribute 'value' must hold one element, got {fill.size}")
-    dims = _ints(shape)
+    dims = int_list(shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"{node.where}: negative dimension in shape {dims}")
     check_size(node, dims, fill.dtype)
     if math.prod(dims) > HOST_FOLD_ELEMENTS:  # big fills are computed on the device
         refuse_narrowing(f"{node.where}: attribute 'value'", fill)
-        return jnp.full(dims, fill[0], _canonical(fill.dtype))
+        return jnp.full(dims, fill[0], canonical(fill.dtype))
     return np.full(dims, fill[0], fill.dtype)
 
 
@@ -92,8 +92,8 @@ def _range(node: Node, start: Any, limit: Any, delta: Any) -> Any:
     whose wrap-around arithmetic is exact for values that fit it.
     """
     for name, value in (("start", start), ("limit", limit), ("delta", delta)):
-        _scalar_like(node, value, name)
-    _same_dtype(node, start, limit, delta)
+        check_scalar_like(node, value, name)
+    same_dtype(node, start, limit, delta)
     dtype = np.dtype(start.dtype)
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     if delta == 0:
@@ -163,9 +163,9 @@ def _reshaped(node: Node, shape: tuple[int, ...], dims: list[int]) -> list[int]:
 
 @register("Reshape", static=(1,))
 def _reshape(node: Node, x: Any, shape: Any = None) -> Any:
-    _vector(node, shape, "shape")
-    dims = _reshaped(node, np.shape(x), _ints(node.get("shape") if shape is None else shape))
-    return _xp(x).reshape(x, dims)
+    check_vector(node, shape, "shape")
+    dims = _reshaped(node, np.shape(x), int_list(node.get("shape") if shape is None else shape))
+    return xp_of(x).reshape(x, dims)
 
 
 @register("Flatten")
@@ -184,39 +184,39 @@ def _transpose(node: Node, x: Any) -> Any:
     perm = list(range(np.ndim(x)))[::-1] if perm is None else list(perm)
     if sorted(perm) != list(range(np.ndim(x))):
         raise ValueError(f"{node.where}: perm {perm} is not a permutation of rank {np.ndim(x)}")
-    return _xp(x).transpose(x, perm)
+    return xp_of(x).transpose(x, perm)
 
 
 @register("Squeeze", static=(1,))
 def _squeeze(node: Node, x: Any, axes: Any = None) -> Any:
-    _vector(node, axes, "axes")
-    picked = _axes_of(node, axes)
+    check_vector(node, axes, "axes")
+    picked = axes_of(node, axes)
     if picked is None:
         picked = [i for i, d in enumerate(x.shape) if d == 1]
-    picked_ = _axes(picked, np.ndim(x), node.where)
+    picked_ = norm_axes(picked, np.ndim(x), node.where)
     if any(x.shape[a] != 1 for a in picked_):
         raise ValueError(f"{node.where}: cannot squeeze axes {picked} of shape {list(x.shape)}")
-    return _xp(x).squeeze(x, axis=picked_) if picked_ else x
+    return xp_of(x).squeeze(x, axis=picked_) if picked_ else x
 
 
 @register("Unsqueeze", static=(1,))
 def _unsqueeze(node: Node, x: Any, axes: Any = None) -> Any:
-    _vector(node, axes, "axes", scalar=True)
-    picked = _axes_of(node, axes)
+    check_vector(node, axes, "axes", scalar=True)
+    picked = axes_of(node, axes)
     if picked is None:
         raise ValueError(f"{node.where}: Unsqueeze needs axes")
     rank = np.ndim(x) + len(picked)
     shape = list(np.shape(x))
-    for a in sorted(_axes(picked, rank, node.where)):
+    for a in sorted(norm_axes(picked, rank, node.where)):
         shape.insert(a, 1)
-    return _xp(x).reshape(x, shape)
+    return xp_of(x).reshape(x, shape)
 
 
 @register("Concat")
 def _concat(node: Node, *xs: Any) -> Any:
     xs = tuple(x for x in xs if x is not None)
-    _same_dtype(node, *xs)
-    axis = _axis(int(node["axis"]), np.ndim(xs[0]), node.where)
+    same_dtype(node, *xs)
+    axis = norm_axis(int(node["axis"]), np.ndim(xs[0]), node.where)
     shapes = [list(np.shape(x)) for x in xs]
     rest = [s[:axis] + s[axis + 1 :] for s in shapes]
     if any(len(s) != len(shapes[0]) or r != rest[0] for s, r in zip(shapes, rest, strict=True)):
@@ -224,15 +224,15 @@ def _concat(node: Node, *xs: Any) -> Any:
     out = list(shapes[0])
     out[axis] = sum(s[axis] for s in shapes)
     check_size(node, out, xs[0].dtype)
-    return _xp(*xs).concatenate(xs, axis=axis)
+    return xp_of(*xs).concatenate(xs, axis=axis)
 
 
 @register("Split", static=(1,))
 def _split(node: Node, x: Any, split: Any = None) -> Any:
-    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
-    _vector(node, split, "split")
+    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
+    check_vector(node, split, "split")
     size = x.shape[axis]
-    sizes = _ints(split) if split is not None else node.get("split")
+    sizes = int_list(split) if split is not None else node.get("split")
     n = node.n_outputs
     if node.opset >= 18 and (split is None) == (node.get("num_outputs") is None):
         raise ValueError(  # onnx's shape inference, run by onnxruntime
@@ -258,7 +258,7 @@ def _split(node: Node, x: Any, split: Any = None) -> Any:
             f"{node.where}: split {sizes} does not cut axis {axis} of size {size} into {n}"
         )
     offsets = np.cumsum([0, *sizes])
-    xp = _xp(x)
+    xp = xp_of(x)
     return tuple(
         xp.take(x, np.arange(offsets[i], offsets[i + 1]), axis=axis)
         if xp is np
@@ -275,16 +275,16 @@ def _slice(
         starts, ends, axes = node.get("starts"), node.get("ends"), node.get("axes")
     else:
         for name, value in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps)):
-            _vector(node, value, name)
+            check_vector(node, value, name)
     rank = np.ndim(x)
-    starts_, ends_ = _ints(starts), _ints(ends)
-    axes_ = list(range(len(starts_))) if axes is None else _ints(axes)
-    steps_ = [1] * len(starts_) if steps is None else _ints(steps)
+    starts_, ends_ = int_list(starts), int_list(ends)
+    axes_ = list(range(len(starts_))) if axes is None else int_list(axes)
+    steps_ = [1] * len(starts_) if steps is None else int_list(steps)
     if not len(starts_) == len(ends_) == len(axes_) == len(steps_):
         raise ValueError(f"{node.where}: starts, ends, axes and steps differ in length")
     index: list[Any] = [slice(None)] * rank
     for start, end, axis, step in zip(
-        starts_, ends_, _axes(axes_, rank, node.where), steps_, strict=True
+        starts_, ends_, norm_axes(axes_, rank, node.where), steps_, strict=True
     ):
         dim = x.shape[axis]
         if step == 0:
@@ -303,18 +303,18 @@ def _slice(
 
 @register("Gather")
 def _gather(node: Node, x: Any, indices: Any) -> Any:
-    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
     shape = np.shape(x)
     check_size(node, [*shape[:axis], *np.shape(indices), *shape[axis + 1 :]], x.dtype)
-    indices = _checked_indices(node, indices, shape[axis], "indices")
-    if _xp(x, indices) is np:
+    indices = checked_indices(node, indices, shape[axis], "indices")
+    if xp_of(x, indices) is np:
         return np.take(x, indices, axis=axis)
     return jnp.take(x, indices, axis=axis, mode="clip")  # out of range: raised after the run
 
 
 @register("GatherElements")
 def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
-    axis = _axis(int(node["axis"]), np.ndim(x), node.where)
+    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
     if np.ndim(indices) != np.ndim(x):
         raise ValueError(
             f"{node.where}: indices of shape {list(np.shape(indices))} do not match the rank of "
@@ -327,7 +327,7 @@ def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
             f"off axis {axis}"
         )
     check_size(node, ishape, x.dtype)
-    indices = _checked_indices(node, indices, shape[axis], "indices")
+    indices = checked_indices(node, indices, shape[axis], "indices")
     # off the axis, indices shorter than data read its leading part (never broadcast)
     x = x[tuple(slice(None) if a == axis else slice(0, i) for a, i in enumerate(ishape))]
     return jnp.take_along_axis(x, indices, axis=axis, mode="clip")
@@ -336,25 +336,25 @@ def _gather_elements(node: Node, x: Any, indices: Any) -> Any:
 @register("Expand", static=(1,))
 def _expand(node: Node, x: Any, shape: Any) -> Any:
     try:
-        target = np.broadcast_shapes(np.shape(x), tuple(_ints(shape)))
+        target = np.broadcast_shapes(np.shape(x), tuple(int_list(shape)))
     except ValueError:
         raise ValueError(
-            f"{node.where}: shape {list(np.shape(x))} does not expand to {_ints(shape)}"
+            f"{node.where}: shape {list(np.shape(x))} does not expand to {int_list(shape)}"
         ) from None
     check_size(node, target, x.dtype)
-    return _xp(x).broadcast_to(x, target)
+    return xp_of(x).broadcast_to(x, target)
 
 
 @register("Tile", static=(1,))
 def _tile(node: Node, x: Any, repeats: Any) -> Any:
-    _vector(node, repeats, "repeats")
-    reps = _ints(repeats)
+    check_vector(node, repeats, "repeats")
+    reps = int_list(repeats)
     if len(reps) != np.ndim(x):
         raise ValueError(f"{node.where}: repeats {reps} do not match rank {np.ndim(x)}")
     if any(r < 0 for r in reps):
         raise ValueError(f"{node.where}: negative repeats {reps}")
     check_size(node, [d * r for d, r in zip(np.shape(x), reps, strict=True)], x.dtype)
-    return _xp(x).tile(x, reps)
+    return xp_of(x).tile(x, reps)
 
 
 def _check_pads(node: Node, mode: str, shape: Any, widths: list[tuple[int, int]]) -> None:
@@ -379,9 +379,11 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
             raise ValueError(
                 f"{node.where}: pads of shape {list(np.shape(pads))} must be 1-D (or [1, n])"
             )
-        amounts = _ints(pads)
+        amounts = int_list(pads)
         fill = np.zeros((), x.dtype) if value is None else value
-    picked = list(range(rank)) if axes is None else list(_axes(_ints(axes), rank, node.where))
+    picked = (
+        list(range(rank)) if axes is None else list(norm_axes(int_list(axes), rank, node.where))
+    )
     if len(amounts) != 2 * len(picked):
         raise ValueError(f"{node.where}: pads {amounts} do not fit {len(picked)} axes")
     widths = [[0, 0] for _ in range(rank)]
@@ -407,7 +409,7 @@ def _pad(node: Node, x: Any, pads: Any = None, value: Any = None, axes: Any = No
     mode = node.get("mode", "constant")
     if mode != "constant":
         _check_pads(node, mode, x.shape, widths_)
-    xp = _xp(x, value)
+    xp = xp_of(x, value)
     if mode == "constant":
         if is_static(fill) and xp is jnp:
             return jnp.pad(x, widths_, constant_values=np.asarray(fill).reshape(()))
@@ -429,10 +431,10 @@ def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
     one padded to ``s > d`` gets ``(s - d) // 2`` zeros before and the rest after.
     """
     rank = np.ndim(x)
-    _vector(node, shape, "shape")
+    check_vector(node, shape, "shape")
     given = node.get("axes")
-    axes = list(range(rank)) if given is None else list(_axes(given, rank, node.where))
-    sizes = _ints(shape)
+    axes = list(range(rank)) if given is None else list(norm_axes(given, rank, node.where))
+    sizes = int_list(shape)
     if len(sizes) != len(axes):
         raise ValueError(
             f"{node.where}: shape {sizes} holds {len(sizes)} sizes for {len(axes)} axes "
@@ -455,7 +457,7 @@ def _center_crop_pad(node: Node, x: Any, shape: Any) -> Any:
             before = (size - dim) // 2
             widths[axis] = (before, size - dim - before)
     cropped = x[tuple(crop)]
-    return _xp(x).pad(cropped, widths) if any(w != (0, 0) for w in widths) else cropped
+    return xp_of(x).pad(cropped, widths) if any(w != (0, 0) for w in widths) else cropped
 
 
 def _blocks(node: Node, x: Any) -> tuple[int, int, int, int, int]:
@@ -499,14 +501,14 @@ def _space_to_depth(node: Node, x: Any) -> Any:
 def _checked_tuple(node: Node, indices: Any, dims: tuple[int, ...]) -> tuple[Any, ...]:
     """The last axis of ``indices`` as one index per leading axis of ``dims``, negative ones
     counted from the end; one outside its axis is an error naming the node (as Gather's)."""
-    _int_check(node, indices, "indices")
-    bound = np.asarray(dims, np.int64).astype(_canonical(indices.dtype))
+    int_check(node, indices, "indices")
+    bound = np.asarray(dims, np.int64).astype(canonical(indices.dtype))
     check_at_run(
         f"{node.where}: indices hold {{}}, outside the axes {list(dims)} they index",
         (indices < -bound) | (indices >= bound),
         indices,
     )
-    xp = _xp(indices)
+    xp = xp_of(indices)
     fixed = xp.where(indices < 0, indices + bound, indices)
     return tuple(fixed[..., j] for j in range(len(dims)))
 
@@ -567,7 +569,7 @@ def _reduction_of(node: Node) -> Any:
 @register("ScatterND")
 def _scatter_nd(node: Node, data: Any, indices: Any, updates: Any) -> Any:
     apply = _reduction_of(node)
-    _same_dtype(node, data, updates)
+    same_dtype(node, data, updates)
     shape, ishape = np.shape(data), np.shape(indices)
     m = ishape[-1] if ishape else 0
     if not ishape or not 1 <= m <= len(shape):
@@ -587,9 +589,9 @@ def _scatter_nd(node: Node, data: Any, indices: Any, updates: Any) -> Any:
 @register("ScatterElements", "Scatter")
 def _scatter_elements(node: Node, data: Any, indices: Any, updates: Any) -> Any:
     apply = _reduction_of(node)
-    _same_dtype(node, data, updates)
+    same_dtype(node, data, updates)
     rank = np.ndim(data)
-    axis = _axis(int(node["axis"]), rank, node.where)
+    axis = norm_axis(int(node["axis"]), rank, node.where)
     shape, ishape = np.shape(data), np.shape(indices)
     if np.shape(updates) != ishape or len(ishape) != rank:
         raise ValueError(
@@ -601,7 +603,7 @@ def _scatter_elements(node: Node, data: Any, indices: Any, updates: Any) -> Any:
             f"{node.where}: indices {list(ishape)} are larger than data {list(shape)} off axis "
             f"{axis}"
         )
-    fixed = _checked_indices(node, indices, shape[axis], "indices")
+    fixed = checked_indices(node, indices, shape[axis], "indices")
     grid = list(np.indices(ishape, sparse=True))
     grid[axis] = fixed
     return apply(jnp.asarray(data).at[tuple(grid)], updates)
@@ -611,8 +613,8 @@ def _scatter_elements(node: Node, data: Any, indices: Any, updates: Any) -> Any:
 def _one_hot(node: Node, indices: Any, depth: Any, values: Any) -> Any:
     """``values[1]`` where an index (negative ones from ``-depth``) hits, else ``values[0]``;
     an index outside ``[-depth, depth)`` gives a row of ``values[0]``, as ONNX says."""
-    _scalar_like(node, depth, "depth")  # onnx's type inference, which onnxruntime runs
-    _vector(node, values, "values")
+    check_scalar_like(node, depth, "depth")  # onnx's type inference, which onnxruntime runs
+    check_vector(node, values, "values")
     if np.size(depth) != 1 or np.size(values) != 2:
         raise ValueError(
             f"{node.where}: depth must hold one value and values two, got {np.size(depth)} "
@@ -622,14 +624,14 @@ def _one_hot(node: Node, indices: Any, depth: Any, values: Any) -> Any:
     if n < 1:
         raise ValueError(f"{node.where}: depth is {n}; it must be at least 1")
     rank = np.ndim(indices) + 1
-    axis = _axis(int(node.get("axis", -1)), rank, node.where)
+    axis = norm_axis(int(node.get("axis", -1)), rank, node.where)
     out = list(np.shape(indices))
     out.insert(axis, n)
     check_size(node, out, values.dtype)
     index = jnp.asarray(indices)
-    if not _is_int(index):
+    if not is_int(index):
         index = jnp.trunc(index)
-    index = index.astype(_canonical(np.int64))
+    index = index.astype(canonical(np.int64))
     index = jnp.where(index < 0, index + n, index)
     shape = [1] * rank
     shape[axis] = n
@@ -643,13 +645,13 @@ def _trilu(node: Node, x: Any, k: Any = None) -> Any:
     """The upper (``upper=1``) or lower triangle of the last two axes, shifted by ``k``."""
     if np.ndim(x) < 2:
         raise ValueError(f"{node.where}: the input has shape {list(np.shape(x))}; it needs rank 2")
-    _scalar_like(node, k, "k")
+    check_scalar_like(node, k, "k")
     shift = 0 if k is None else int(np.asarray(k).reshape(()))
     rows, cols = np.shape(x)[-2:]
     r = np.arange(rows).reshape(rows, 1)
     c = np.arange(cols).reshape(1, cols)
     keep = (c - r >= shift) if node.get("upper", 1) else (c - r <= shift)
-    xp = _xp(x)
+    xp = xp_of(x)
     return xp.where(keep, x, xp.zeros((), x.dtype))
 
 
@@ -664,7 +666,7 @@ def _eye_like(node: Node, x: Any) -> Any:
     check_size(node, [rows, cols], dtype)
     eye = np.eye(rows, cols, int(node.get("k", 0)), dtype=bool)
     if rows * cols > HOST_FOLD_ELEMENTS:  # a big one is made on the device
-        return jnp.asarray(eye).astype(_canonical(dtype))
+        return jnp.asarray(eye).astype(canonical(dtype))
     return eye.astype(dtype)
 
 
@@ -675,13 +677,13 @@ def _reverse_sequence(node: Node, x: Any, lengths: Any) -> Any:
     rank = np.ndim(x)
     if rank < 2:
         raise ValueError(f"{node.where}: input of shape {list(np.shape(x))} needs rank >= 2")
-    batch = _axis(int(node["batch_axis"]), rank, node.where)
-    time = _axis(int(node["time_axis"]), rank, node.where)
+    batch = norm_axis(int(node["batch_axis"]), rank, node.where)
+    time = norm_axis(int(node["time_axis"]), rank, node.where)
     if {batch, time} != {0, 1}:
         raise ValueError(
             f"{node.where}: batch_axis {batch} and time_axis {time} must be 0 and 1, either way"
         )
-    _int_check(node, lengths, "sequence_lens")
+    int_check(node, lengths, "sequence_lens")
     if tuple(np.shape(lengths)) != (x.shape[batch],):
         raise ValueError(
             f"{node.where}: sequence_lens of shape {list(np.shape(lengths))} must hold one "
@@ -710,9 +712,9 @@ def _tensor_scatter(node: Node, cache: Any, update: Any, write_indices: Any = No
     mode = node["mode"]
     if mode not in ("linear", "circular"):
         raise ValueError(f"{node.where}: mode {mode!r} is not 'linear' or 'circular'")
-    _same_dtype(node, cache, update)
+    same_dtype(node, cache, update)
     rank = np.ndim(cache)
-    axis = _axis(int(node["axis"]), rank, node.where)
+    axis = norm_axis(int(node["axis"]), rank, node.where)
     if axis == 0:
         raise ValueError(f"{node.where}: axis 0 is the batch axis; the sequence axis follows it")
     room, given = cache.shape[axis], list(np.shape(update))
@@ -728,7 +730,7 @@ def _tensor_scatter(node: Node, cache: Any, update: Any, write_indices: Any = No
     batch = cache.shape[0]
     if write_indices is None:
         write_indices = np.zeros(batch, np.int64)
-    _int_check(node, write_indices, "write_indices")
+    int_check(node, write_indices, "write_indices")
     if tuple(np.shape(write_indices)) != (batch,):
         raise ValueError(
             f"{node.where}: write_indices of shape {list(np.shape(write_indices))} must hold "

@@ -18,15 +18,17 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import _axis, _canonical, _int_check, _scalar_like, check_size
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.arrays import check_scalar_like, check_size, int_check, norm_axis
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def _scalar(node: Node, value: Any, name: str) -> int:
     """A one-element integer input (static) as an int."""
-    _int_check(node, value, name)
+    int_check(node, value, name)
     if np.size(value) != 1:
         raise ValueError(f"{node.where}: {name} must hold one value, got shape {np.shape(value)}")
     return int(np.asarray(value).reshape(()))
@@ -35,7 +37,7 @@ def _scalar(node: Node, value: Any, name: str) -> int:
 def _work_dtype(x: Any) -> np.dtype:
     """float32 for float16/bfloat16/float32, else x's dtype (double)."""
     dtype = np.dtype(x.dtype)
-    return _canonical(dtype if dtype.itemsize >= 8 else np.float32)
+    return canonical(dtype if dtype.itemsize >= 8 else np.float32)
 
 
 def _forward(values: Any, length: int, axis: int, onesided: bool) -> Any:
@@ -67,7 +69,7 @@ def _complex(node: Node, x: Any) -> Any:
 
 def _pairs(values: Any, dtype: Any) -> Any:
     """Complex values as real ``[..., 2]`` of ``dtype``."""
-    return jnp.stack([jnp.real(values), jnp.imag(values)], axis=-1).astype(_canonical(dtype))
+    return jnp.stack([jnp.real(values), jnp.imag(values)], axis=-1).astype(canonical(dtype))
 
 
 # ----------------------------------------------------------------------------- DFT
@@ -81,7 +83,7 @@ def _dft_axis(node: Node, x: Any, axis: Any) -> int:
     else:
         given = -2 if axis is None or np.size(axis) == 0 else _scalar(node, axis, "axis")
     rank = np.ndim(x)
-    found = _axis(given, rank, node.where)
+    found = norm_axis(given, rank, node.where)
     if found == rank - 1:
         raise ValueError(
             f"{node.where}: axis {given} is the trailing (real, imaginary) axis of an input of "
@@ -108,7 +110,7 @@ def _dft(node: Node, x: Any, dft_length: Any = None, axis: Any = None) -> Any:
     if dft_length is None or np.size(dft_length) == 0:
         length = 2 * (x.shape[where] - 1) if inverse and onesided else x.shape[where]
     else:
-        _scalar_like(node, dft_length, "dft_length")  # onnxruntime: a 2-D one is refused
+        check_scalar_like(node, dft_length, "dft_length")  # onnxruntime: a 2-D one is refused
         length = _scalar(node, dft_length, "dft_length")
     if length < 1:
         raise ValueError(f"{node.where}: dft_length is {length}; it must be positive")
@@ -117,7 +119,7 @@ def _dft(node: Node, x: Any, dft_length: Any = None, axis: Any = None) -> Any:
     check_size(node, out, _work_dtype(x))
     if inverse and onesided:
         signal = jnp.fft.irfft(values, n=length, axis=where)
-        return signal[..., None].astype(_canonical(x.dtype))
+        return signal[..., None].astype(canonical(x.dtype))
     if inverse:
         return _pairs(jnp.fft.ifft(values, n=length, axis=where), x.dtype)
     return _pairs(_forward(values, length, where, onesided), x.dtype)

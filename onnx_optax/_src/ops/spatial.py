@@ -18,17 +18,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax._src.ops.arrays import (
-    _canonical,
-    _ints,
-    _same_dtype,
-    _xp,
-    check_at_run,
-    check_size,
-)
+from onnx_optax._src.ops.arrays import check_at_run, check_size, int_list, same_dtype, xp_of
 from onnx_optax._src.ops.conv import _attr_ints, _bias_check, _group, _kernel_of, _spans
+from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.image import _work_dtype, grid_taps, sample_taps
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.values import canonical
 
 # ----------------------------------------------------------------------------- Col2Im
 
@@ -67,7 +62,7 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
             f"{node.where}: image_shape of shape {list(np.shape(image_shape))} and block_shape "
             f"of shape {list(np.shape(block_shape))} must be 1-D"
         )
-    image, block = _ints(image_shape), _ints(block_shape)
+    image, block = int_list(image_shape), int_list(block_shape)
     rank = len(image)
     if rank < 1 or len(block) != rank:
         raise ValueError(
@@ -89,7 +84,7 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
             f"for block_shape {block} and {counts} blocks"
         )
     n, c = x.shape[0], x.shape[1] // k
-    dtype = _canonical(x.dtype)
+    dtype = canonical(x.dtype)
     check_size(node, [n, c, *image], dtype)
     check_size(node, [k, length, rank], np.int64, "index table")
     offsets = np.stack(np.unravel_index(np.arange(k), block), axis=-1)  # (K, r)
@@ -162,7 +157,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
     ``p``, pixels outside X reading 0. Channels and output channels are split
     into ``group`` groups as in Conv.
     """
-    _same_dtype(node, x, w, offset, b, mask)
+    same_dtype(node, x, w, offset, b, mask)
     kernel, out, strides, dilations, begin = _deform_geometry(node, x, w)
     rank, k, p = len(kernel), math.prod(kernel), math.prod(out)
     group = _group(node)
@@ -186,7 +181,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
                 f"(offset_group {groups}, kernel {kernel}, output {out})"
             )
     _bias_check(node, b, m)
-    dtype = _canonical(x.dtype)
+    dtype = canonical(x.dtype)
     check_size(node, [n, m, *out], dtype)
     check_size(node, [n, c, k, p], dtype, "sampled columns")
     check_size(node, [k, p, rank], np.float64, "sampling points")
@@ -323,7 +318,7 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
     as onnxruntime does.
     """
     mode, half_pixel, out_h, out_w, ratio, scale = _roi_attrs(node)
-    _same_dtype(node, x, rois)
+    same_dtype(node, x, rois)
     if np.ndim(x) != 4:
         raise ValueError(f"{node.where}: X of shape {list(np.shape(x))} must be (N, C, H, W)")
     r = rois.shape[0] if np.ndim(rois) == 2 else -1
@@ -335,7 +330,7 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
     n, c, h, w = x.shape
     if h * w == 0 and r:
         raise ValueError(f"{node.where}: X of shape {list(x.shape)} has no pixels to sample")
-    dtype = _canonical(x.dtype)
+    dtype = canonical(x.dtype)
     check_size(node, [r, c, out_h, out_w], dtype)
     check_at_run(
         f"{node.where}: batch_indices hold {{}}, outside [0, {n})",
@@ -343,7 +338,7 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
         batch_indices,
     )
     # onnxruntime: "All 'rois' values must be finite"
-    check_at_run(f"{node.where}: rois hold {{}}, not finite", ~_xp(rois).isfinite(rois), rois)
+    check_at_run(f"{node.where}: rois hold {{}}, not finite", ~xp_of(rois).isfinite(rois), rois)
     if r == 0 or c == 0:
         return jnp.zeros((r, c, out_h, out_w), dtype)
     work = _work_dtype(x.dtype)

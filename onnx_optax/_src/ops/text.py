@@ -28,7 +28,8 @@ import numpy as np
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE
 from onnx_optax._src.ops.arrays import check_size
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.registry import Node
 
 _MODES = ("TF", "IDF", "TFIDF")
 

@@ -41,8 +41,9 @@ from jax import lax
 
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
 from onnx_optax._src.ops.arrays import check_size
+from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.ml import ML_DOMAIN, _first_max, _post_transform, _rows, _transform
-from onnx_optax._src.ops.registry import Node, register
+from onnx_optax._src.ops.registry import Node
 
 LEQ, LT, GTE, GT, EQ, NEQ, MEMBER = range(7)  # TreeEnsemble's nodes_modes (opset 5)
 _MODES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT}
