@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from onnx_optax import backend
-from onnx_optax._src.graph import interpreter as graph_module
-from onnx_optax._src.graph.interpreter import _BatchedGemmStep
+from onnx_optax._src.graph import run as graph_module
+from onnx_optax._src.graph.passes.batched_products import BatchedGemmStep as _BatchedGemmStep
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -83,7 +83,7 @@ def test_a_filled_weight_is_computed_once_and_the_graph_equals_onnxruntime() -> 
 
 
 def _arguments(graph: GraphFunction, device: Any, x: np.ndarray, constants: dict) -> tuple:
-    from onnx_optax._src.graph_packing import pack
+    from onnx_optax._src.graph.packing import pack
 
     _, buffers, own = pack({"X": x}, graph._packable)
     p_buffers, p_own = graph._device_params[device]

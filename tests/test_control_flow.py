@@ -22,7 +22,8 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.graph import MAX_SUBGRAPH_DEPTH, GraphFunction  # noqa: E402
+from onnx_optax._src.graph import GraphFunction  # noqa: E402
+from onnx_optax._src.limits import MAX_SUBGRAPH_DEPTH  # noqa: E402
 from tests.finite_differences import central_difference  # noqa: E402
 
 F32, F64, I64, BOOL = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL

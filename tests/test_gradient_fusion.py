@@ -20,7 +20,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.remat import rematerialized  # noqa: E402
+from onnx_optax._src.graph.remat import rematerialized  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 F32 = TensorProto.FLOAT

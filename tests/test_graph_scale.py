@@ -35,7 +35,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend, training  # noqa: E402
-from onnx_optax._src.graph import interpreter as graph_module  # noqa: E402
+from onnx_optax._src import graph as graph_module  # noqa: E402
+from onnx_optax._src.graph import steps as step_module  # noqa: E402
 from onnx_optax._src.ops import REGISTRY  # noqa: E402
 
 DOMAIN = "ai.onnx.preview.training"
@@ -110,7 +111,7 @@ def entries(n: int, main_nodes: int = 0) -> onnx.ModelProto:
 def node_runs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """How many times each node ran (while tracing, or eagerly), by node name or op type."""
     counts: collections.Counter[str] = collections.Counter()
-    for cls in (graph_module._StandardStep, graph_module._GradientStep):
+    for cls in (step_module.StandardStep, step_module.GradientStep):
         original = cls.run
 
         def run(self: Any, env: Any, original: Any = original) -> None:
@@ -519,7 +520,7 @@ def _sin_chain_derivative(n: int) -> np.ndarray:
 
 def test_a_backward_pass_is_cut_into_fusions_of_bounded_depth() -> None:
     """XLA fused a backward chain whole: 1,250 Sin failed to compile, 20,000 crashed."""
-    from onnx_optax._src.remat import BARRIER_DEPTH
+    from onnx_optax._src.graph.remat import BARRIER_DEPTH
 
     rep = backend.prepare(sin_gradient(100))
     jaxpr = jax.make_jaxpr(rep.graph.apply)({"x": X})
@@ -587,14 +588,14 @@ def test_a_subgraph_runs_on_what_it_reads_not_a_copy_of_every_value(
 ) -> None:
     """Each If's branch copied every value of the graph around it when it ran."""
     held: list[int] = []
-    original = graph_module._StandardStep.run
+    original = step_module.StandardStep.run
 
     def run(self: Any, env: Any) -> None:
         if self.node.name.startswith("branch"):
             held.append(len(env))
         original(self, env)
 
-    monkeypatch.setattr(graph_module._StandardStep, "run", run)
+    monkeypatch.setattr(step_module.StandardStep, "run", run)
 
     def values(n: int) -> int:
         vi = helper.make_tensor_value_info

@@ -18,7 +18,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.graph import interpreter as graph_module  # noqa: E402
+from onnx_optax._src.graph.passes import one_hot as graph_module  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 K, M = 6, 4

@@ -19,7 +19,7 @@ pytest.importorskip("onnx")
 from onnx import TensorProto, helper
 
 from onnx_optax import backend
-from onnx_optax._src.graph import interpreter as graph
+from onnx_optax._src.graph import jit as graph
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU option")
 

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from onnx_optax._src.graph_packing import materialize
+from onnx_optax._src.graph.packing import materialize
 from onnx_optax._src.ops import collect_run_checks, is_static, record_run_checks
 
 _REMAT: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_optax_remat", default=False)
