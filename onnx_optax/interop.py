@@ -69,6 +69,8 @@ from onnx_optax._src.onnx_nodes import (
     OPSET_VERSION,
     OptimizerNode,
     UnsupportedOperatorError,
+    attribute_values,
+    common_dtype,
     describe,
     listed,
     make_node,
@@ -146,21 +148,6 @@ def from_node(
     )
 
 
-def _attribute_values(transformation: Any) -> dict[str, Any]:
-    """The ONNX attributes of a transformation: strings as they are, numbers as float32."""
-    operator_of(transformation)
-    values: dict[str, Any] = {}
-    for name, value in transformation.hyperparameters._asdict().items():
-        if isinstance(value, str):
-            values[name] = value
-            continue
-        number = checks.scalar(value)
-        if number is None:
-            raise TypeError(f"attribute {name} is traced; ONNX attributes are constants")
-        values[name] = float(np.float32(number))
-    return values
-
-
 def _names(params: Any) -> tuple[list[str], list[Any], list[list[str]]]:
     """Leaf names ('/'-joined dict keys), leaves and key paths of a params pytree."""
     named = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -195,7 +182,7 @@ def to_node(transformation: Any, names: Sequence[str], *, node_name: str = "") -
     """
     return make_node(
         operator_of(transformation).op_type,
-        _attribute_values(transformation),
+        attribute_values(transformation),
         list(names),
         node_name=node_name,
     )
@@ -206,16 +193,6 @@ def _onnx_type(dtype: Any, what: str) -> int:
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"{what} has dtype {dtype}; ONNX optimizers take float or double")
     return int(helper.np_dtype_to_tensor_dtype(dtype))
-
-
-def _common_dtype(leaves: Sequence[Any]) -> np.dtype:
-    dtypes = {np.dtype(leaf.dtype) for leaf in leaves}
-    if len(dtypes) != 1:
-        raise TypeError(
-            "ONNX optimizer tensors share one type, but the parameters have "
-            f"{sorted(map(str, dtypes))}"
-        )
-    return dtypes.pop()
 
 
 def _opsets() -> list[onnx.OperatorSetIdProto]:
@@ -243,7 +220,7 @@ def step_model(transformation: Any, params: Any) -> onnx.ModelProto:
     """
     names, leaves, _ = _names(params)
     node = to_node(transformation, names)
-    elem = _onnx_type(_common_dtype(leaves), "params")
+    elem = _onnx_type(common_dtype(leaves), "params")
     shape = {name: list(leaf.shape) for name, leaf in zip(names, leaves, strict=True)}
 
     def info(name: str) -> onnx.ValueInfoProto:
@@ -316,7 +293,7 @@ def to_model(
             f"got {type(state).__name__}"
         )
     names, leaves, paths = _names(params)
-    dtype = _common_dtype(leaves)
+    dtype = common_dtype(leaves)
     elem = _onnx_type(dtype, "params")
     initializers = [
         numpy_helper.from_array(np.asarray(leaf), name)

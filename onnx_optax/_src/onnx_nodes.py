@@ -15,13 +15,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import onnx
 from onnx import helper
 
+from onnx_optax._src import checks
 from onnx_optax._src.checks import check_choice
 from onnx_optax._src.driver import Operator
 from onnx_optax._src.onnx_tensors import utf8
-from onnx_optax._src.registry import OPERATORS
+from onnx_optax._src.registry import OPERATORS, operator_of
 
 DOMAIN = "ai.onnx.preview.training"
 OPSET_VERSION = 1
@@ -75,6 +77,43 @@ def schema_defaults(op_type: str) -> dict[str, Any]:
         for name, attribute in schema.attributes.items()
         if attribute.default_value.type
     }
+
+
+def attribute_type_error(node: onnx.NodeProto, attribute: onnx.AttributeProto, kind: int) -> str:
+    """Why ``attribute`` of ``node`` is not of the declared type ``kind``; "" when it is."""
+    if attribute.type == kind:
+        return ""
+    return (
+        f"{describe(node)}: attribute '{attribute.name}' must be of type "
+        f"{onnx.AttributeProto.AttributeType.Name(kind)}, got "
+        f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+    )
+
+
+def attribute_values(transformation: Any) -> dict[str, Any]:
+    """The ONNX attributes of a transformation: strings as they are, numbers as float32."""
+    operator_of(transformation)
+    values: dict[str, Any] = {}
+    for name, value in transformation.hyperparameters._asdict().items():
+        if isinstance(value, str):
+            values[name] = value
+            continue
+        number = checks.scalar(value)
+        if number is None:
+            raise TypeError(f"attribute {name} is traced; ONNX attributes are constants")
+        values[name] = float(np.float32(number))
+    return values
+
+
+def common_dtype(leaves: Sequence[Any]) -> np.dtype:
+    """The one dtype of the tensors an optimizer node updates (ONNX types them alike)."""
+    dtypes = {np.dtype(leaf.dtype) for leaf in leaves}
+    if len(dtypes) != 1:
+        raise TypeError(
+            "ONNX optimizer tensors share one type, but the parameters have "
+            f"{sorted(map(str, dtypes))}"
+        )
+    return dtypes.pop()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,12 +175,9 @@ def read_node(node: onnx.NodeProto) -> OptimizerNode:
         expected = (
             onnx.AttributeProto.STRING if name in operator.choices else onnx.AttributeProto.FLOAT
         )
-        if attribute.type != expected:
-            raise TypeError(
-                f"{where}: attribute '{name}' must be of type "
-                f"{onnx.AttributeProto.AttributeType.Name(expected)}, got "
-                f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
-            )
+        wrong = attribute_type_error(node, attribute, expected)
+        if wrong:
+            raise TypeError(wrong)
         value = helper.get_attribute_value(attribute)
         attributes[name] = (
             utf8(value, f"{where}: attribute '{name}'") if isinstance(value, bytes) else value

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -14,14 +15,19 @@ from onnx import helper, numpy_helper
 
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
-from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, make_node
-from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
+from onnx_optax._src.onnx_nodes import (
+    DOMAIN,
+    OPSET_VERSION,
+    attribute_values,
+    common_dtype,
+    make_node,
+)
+from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
-from onnx_optax.interop import _attribute_values, _common_dtype
 from onnx_optax.training import _loss_scale
 from onnx_optax.training._clipping import clip_by_global_norm_nodes
-from onnx_optax.training._compute import to_bfloat16
+from onnx_optax.training._compute import master_weights, to_bfloat16
 from onnx_optax.training._dropout import train_dropout
 from onnx_optax.training._losses import (
     CLASS_LOSS_OPSET,
@@ -38,7 +44,7 @@ from onnx_optax.training._model import (
     value_info,
     with_opset,
 )
-from onnx_optax.training._plan import lift, loss_output, make_plan
+from onnx_optax.training._plan import Plan, lift, loss_output, make_plan
 from onnx_optax.training.schedules import learning_rate_nodes
 
 
@@ -53,58 +59,6 @@ def _state(
     if isinstance(tree, PackedTree):
         tree = tree.unpack()
     return np.asarray(tree[name])
-
-
-def _master_weights(
-    graph: onnx.GraphProto, chosen: list[str], master_dtype: Any, names: Names
-) -> list[str]:
-    """Each trained 16-bit weight ``W`` as a wider master initializer and ``Cast(master) -> W``.
-
-    Changes ``graph`` in place and returns the masters' names, in ``chosen``'s
-    order: the inference graph reads ``W`` as before, now computed by a Cast
-    node at its beginning, so it computes in the weight's own dtype.
-    """
-    try:
-        master = np.dtype(master_dtype)
-    except TypeError:
-        raise TypeError(
-            f"master_dtype must be a float dtype such as 'float32'; got {master_dtype!r}"
-        ) from None
-    if master not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"master_dtype must be float32 or float64; got {master}")
-    inputs = {v.name for v in graph.input}
-    position = {init.name: i for i, init in enumerate(graph.initializer)}
-    masters, casts = [], []
-    for n in chosen:
-        init = graph.initializer[position[n]]
-        dtype = tensor_dtype(init.data_type, f"initializer '{n}'")
-        if dtype.itemsize >= master.itemsize:
-            raise ValueError(
-                f"master_dtype={master} keeps a wider copy of 16-bit weights, but the trained "
-                f"tensor '{n}' is {dtype}; leave master_dtype out"
-            )
-        if n in inputs:
-            raise ValueError(
-                f"the trained tensor '{n}' is also a graph input (a default value a feed may "
-                "replace), which a master weight cannot be; remove it from the graph's inputs"
-            )
-        name = names(f"{n}.master")
-        value = read_tensor(init, "graph initializer").astype(master)
-        init.CopyFrom(numpy_helper.from_array(value, name))
-        casts.append(
-            helper.make_node(
-                "Cast",
-                [name],
-                [n],
-                to=int(helper.np_dtype_to_tensor_dtype(dtype)),
-                name=names(f"{n}.cast"),
-            )
-        )
-        masters.append(name)
-    nodes = list(graph.node)
-    del graph.node[:]
-    graph.node.extend([*casts, *nodes])
-    return masters
 
 
 def attach(
@@ -242,6 +196,48 @@ def attach(
     given = model
     model = as_model(model)  # the one loading layer: limits, names, external data
     operator = operator_of(optimizer)
+    model, output, elem, shape, chosen_plan = _planned(
+        model, loss, output, trainable, frozen, lift_constants
+    )
+    model = lift(model, chosen_plan.lifted)
+    names, target = _reserved_names(model.graph, target)
+    model, chosen = _precision(
+        model, given, chosen_plan.trained, names, master_dtype, compute_dtype, dropout
+    )
+    params, dtype = _abstract_params(model.graph, chosen)
+    loss_step = _loss(model, loss, output, elem, shape, target, names, class_axis)
+    loss_step.scaled(loss_scale, loss_scale_period, names)
+    nodes, grads, ok = _gradient(chosen, loss_step, names, dtype, clip_global_norm)
+    step = _optimizer(optimizer, operator, chosen, grads, names, dtype)
+    nodes += step.nodes
+    stored, state_values = _stored_state(optimizer, operator, params, chosen, step, dtype)
+    binding, algorithm_outputs = _bindings(operator, params, chosen, step, elem, dtype)
+    if ok:  # skipped unless every gradient is finite; S and its count updated
+        binding, scaling = _skipped(ok, loss_step, binding, algorithm_outputs, names)
+        nodes += scaling
+        stored += loss_step.stored
+    algorithm = helper.make_graph(
+        [*loss_step.nodes, *nodes],
+        "training_step",
+        [loss_step.target_info],
+        algorithm_outputs,
+        initializer=[*loss_step.inits, *step.inits],
+    )
+    return _assembled(model, given, stored, state_values, algorithm, binding)
+
+
+# -- plan: the output the loss reads, the tensors that train
+
+
+def _planned(
+    model: onnx.ModelProto,
+    loss: str | onnx.GraphProto,
+    output: str | None,
+    trainable: Sequence[str] | None,
+    frozen: Sequence[str] | None,
+    lift_constants: bool,
+) -> tuple[onnx.ModelProto, str, int, Any, Plan]:
+    """The loss's float output (its elem type and shape) and :func:`plan`'s table."""
     if model.training_info:
         raise ValueError("the model already has training_info; attach takes an inference model")
     output = loss_output(model, output)
@@ -251,9 +247,14 @@ def attach(
         raise ValueError(f"output {output!r} is not a float tensor; the loss reads a float output")
     if isinstance(loss, str) and loss in CLASS_LOSSES:
         model = with_opset(model, CLASS_LOSS_OPSET)
-    chosen_plan = make_plan(model, output, trainable, frozen, lift_constants)
-    model = lift(model, chosen_plan.lifted)
-    graph = model.graph
+    return model, output, elem, shape, make_plan(model, output, trainable, frozen, lift_constants)
+
+
+# -- lift: names for what attach adds, the trained tensors' precision
+
+
+def _reserved_names(graph: onnx.GraphProto, target: str | None) -> tuple[Names, str]:
+    """Fresh names for the graph, with the target's and the loss output's taken."""
     names = Names(graph)
     if target is None:
         target = names("target")
@@ -265,8 +266,22 @@ def attach(
     if LOSS_OUTPUT in names.taken:
         raise ValueError(f"the model already has a tensor named {LOSS_OUTPUT!r}, the loss output")
     names.taken.add(LOSS_OUTPUT)
+    return names, target
 
-    chosen = chosen_plan.trained
+
+def _precision(
+    model: onnx.ModelProto,
+    given: Any,
+    chosen: list[str],
+    names: Names,
+    master_dtype: Any,
+    compute_dtype: Any,
+    dropout: bool,
+) -> tuple[onnx.ModelProto, list[str]]:
+    """Master weights, bfloat16 compute and training Dropout, in a copy of a given proto.
+
+    Returns the model and the names of the tensors the Gradient differentiates.
+    """
     if compute_dtype is not None:
         try:
             wanted = np.dtype(compute_dtype)
@@ -280,15 +295,21 @@ def attach(
             )
     if (master_dtype is not None or dropout or compute_dtype is not None) and model is given:
         model = copy_model(model)  # the caller's proto: rewritten in a copy
-        graph = model.graph
     if master_dtype is not None:
-        chosen = _master_weights(graph, chosen, master_dtype, names)
+        chosen = master_weights(model.graph, chosen, master_dtype, names)
     if compute_dtype is not None:
         chosen = to_bfloat16(model, chosen, names)
     if not isinstance(dropout, bool):
         raise TypeError(f"dropout must be True or False; got {dropout!r}")
     if dropout:
         train_dropout(model, names)
+    return model, chosen
+
+
+def _abstract_params(
+    graph: onnx.GraphProto, chosen: list[str]
+) -> tuple[dict[str, jax.ShapeDtypeStruct], np.dtype]:
+    """The trained tensors' shapes and dtypes, and their one dtype."""
     values = {i.name: i for i in graph.initializer}
     # Shapes and dtypes only (make_plan has read and checked every value): the weights of a
     # model above 2 GiB are not copied here, and the state is made one tensor at a time.
@@ -298,9 +319,49 @@ def attach(
         )
         for n in chosen
     }
-    dtype = _common_dtype(list(params.values()))
-    p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
+    return params, common_dtype(list(params.values()))
 
+
+# -- loss: the loss of the output against the target, scaled when asked
+
+
+@dataclasses.dataclass
+class _Loss:
+    """The loss nodes, and what the Gradient differentiates (the loss, or it scaled)."""
+
+    nodes: list[onnx.NodeProto]
+    inits: list[onnx.TensorProto]
+    target_info: onnx.ValueInfoProto
+    value: str  # the loss
+    differentiated: str = ""  # the loss, or Cast(loss, float32) * S
+    scale_name: str = ""  # S, with loss scaling
+    initial: float = 0.0
+    period: int = 0
+    stored: list[onnx.TensorProto] = dataclasses.field(default_factory=list)
+
+    def scaled(self, loss_scale: float | None, period: int, names: Names) -> None:
+        """With ``loss_scale``: the Gradient differentiates the loss times S."""
+        self.differentiated = self.value
+        if loss_scale is not None:
+            self.initial, self.period = _loss_scale.check_options(loss_scale, period)
+            scaling_nodes, self.differentiated, self.scale_name = _loss_scale.scaled_loss(
+                self.value, names
+            )
+            self.nodes += scaling_nodes
+
+
+def _loss(
+    model: onnx.ModelProto,
+    loss: str | onnx.GraphProto,
+    output: str,
+    elem: int,
+    shape: Any,
+    target: str,
+    names: Names,
+    class_axis: int | None,
+) -> _Loss:
+    """The loss of ``output`` against ``target``, reported as ``LOSS_OUTPUT``."""
+    graph = model.graph
     opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     rank = None if shape is None else len(shape)
     logits = softmax_logits(graph, output, rank, class_axis, opset) if loss == "log_loss" else None
@@ -308,28 +369,72 @@ def attach(
         loss, output, elem, shape, target, names, class_axis, logits
     )
     nodes.append(helper.make_node("Identity", [value], [LOSS_OUTPUT]))
-    differentiated, scale_name, ok = value, "", ""
-    if loss_scale is not None:
-        initial, period = _loss_scale.check_options(loss_scale, loss_scale_period)
-        scaling_nodes, differentiated, scale_name = _loss_scale.scaled_loss(value, names)
-        nodes += scaling_nodes
+    return _Loss(nodes, inits, target_info, value)
 
+
+# -- gradient: the Gradient node, unscaled and clipped
+
+
+def _gradient(
+    chosen: list[str],
+    loss: _Loss,
+    names: Names,
+    dtype: np.dtype,
+    clip_global_norm: float | None,
+) -> tuple[list[onnx.NodeProto], list[str], str]:
+    """The Gradient node and what unscales and clips it: nodes, gradients, ``ok``.
+
+    ``ok`` names the bool telling that every gradient is finite (loss scaling), else "".
+    """
     grads = [names(f"{n}.grad") for n in chosen]
-    nodes.append(
+    nodes = [
         helper.make_node(
-            GRADIENT, chosen, grads, domain=DOMAIN, xs=chosen, y=differentiated, name="gradient"
+            GRADIENT,
+            chosen,
+            grads,
+            domain=DOMAIN,
+            xs=chosen,
+            y=loss.differentiated,
+            name="gradient",
         )
-    )
-    if scale_name:
-        unscaling, grads, ok = _loss_scale.unscaled(grads, scale_name, dtype, names)
+    ]
+    ok = ""
+    if loss.scale_name:
+        unscaling, grads, ok = _loss_scale.unscaled(grads, loss.scale_name, dtype, names)
         nodes += unscaling
     clipping, grads = clip_by_global_norm_nodes(grads, clip_global_norm, names, dtype)
     nodes += clipping
+    return nodes, grads, ok
+
+
+# -- optimizer: the optimizer node, R and T + 1
+
+
+class _Step(NamedTuple):
+    """The optimizer node with what computes R and T + 1, and their names."""
+
+    nodes: list[onnx.NodeProto]
+    inits: list[onnx.TensorProto]
+    rename: dict[str, str]  # the node's placeholder names -> fresh ones
+    T: str
+    T_next: str
+    scale: str  # R.scale
+
+
+def _optimizer(
+    optimizer: Transformation,
+    operator: Any,
+    chosen: list[str],
+    grads: list[str],
+    names: Names,
+    dtype: np.dtype,
+) -> _Step:
+    """The optimizer node of the trained tensors, R at T, and T + 1."""
     # The node with placeholder names, renamed to fresh ones.
     placeholders = [f"p{i}" for i in range(len(chosen))]
     node = make_node(
         operator.op_type,
-        _attribute_values(optimizer),
+        attribute_values(optimizer),
         placeholders,
         node_name=names(operator.op_type.lower()),
     )
@@ -348,10 +453,22 @@ def attach(
     unscaled, scale = names("R.unscaled"), names("R.scale")
     rate_nodes, rate_inits = learning_rate_nodes(optimizer.learning_rate, T, unscaled, names, dtype)
     rate_nodes.append(helper.make_node("Mul", [unscaled, scale], [R], name=names("R.scaled")))
-    nodes += [*rate_nodes, node]
+    nodes = [*rate_nodes, node]
     one, T_next = names("T.one"), names("T.next")
     nodes.append(helper.make_node("Add", [T, one], [T_next]))
+    inits = [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
+    return _Step(nodes, inits, rename, T, T_next, scale)
 
+
+def _stored_state(
+    optimizer: Transformation,
+    operator: Any,
+    params: dict[str, jax.ShapeDtypeStruct],
+    chosen: list[str],
+    step: _Step,
+    dtype: np.dtype,
+) -> tuple[list[onnx.TensorProto], list[tuple[str, Callable[[], np.ndarray]]]]:
+    """T and R.scale as initializers, and how to make each state tensor when stored."""
     abstract_state = jax.eval_shape(optimizer.init, params)
     kept = {
         np.dtype(leaf.dtype)
@@ -369,8 +486,8 @@ def attach(
             "accumulator_dtype"
         )
     stored = [
-        numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), T),
-        numpy_helper.from_array(np.asarray(1, dtype), scale),
+        numpy_helper.from_array(np.asarray(optimizer.initial_count, np.int64), step.T),
+        numpy_helper.from_array(np.asarray(1, dtype), step.scale),
     ]
     # The state of each tensor alone (init fills each leaf alike, packed or not), each
     # array freed once in the model: a copy of all of them would be 2x the weights (Adam).
@@ -378,9 +495,28 @@ def attach(
     for field in operator.fields:
         for i, n in enumerate(chosen):
             state_values.append(
-                (rename[f"p{i}.{field}"], functools.partial(_state, optimizer, params, n, field))
+                (
+                    step.rename[f"p{i}.{field}"],
+                    functools.partial(_state, optimizer, params, n, field),
+                )
             )
-    inits += [*rate_inits, numpy_helper.from_array(np.asarray(1, np.int64), one)]
+    return stored, state_values
+
+
+# -- bindings: what each step writes back, the training model
+
+
+def _bindings(
+    operator: Any,
+    params: dict[str, jax.ShapeDtypeStruct],
+    chosen: list[str],
+    step: _Step,
+    elem: int,
+    dtype: np.dtype,
+) -> tuple[dict[str, str], list[onnx.ValueInfoProto]]:
+    """``update_binding`` (parameters, state, T) and the algorithm's outputs."""
+    p_elem = int(helper.np_dtype_to_tensor_dtype(dtype))
+    rename = step.rename
     binding = {}
     algorithm_outputs = [value_info(LOSS_OUTPUT, elem, [])]
     for group_in, group_out in [("", ".new")] + [(f".{f}", f".{f}.new") for f in operator.fields]:
@@ -389,23 +525,44 @@ def attach(
             out = rename[f"p{i}{group_out}"]
             binding[key] = out
             algorithm_outputs.append(value_info(out, p_elem, list(params[n].shape)))
-    binding[T] = T_next
-    algorithm_outputs.append(value_info(T_next, onnx.TensorProto.INT64, []))
-    if ok:  # skipped unless every gradient is finite; S and its count updated
-        skipping, wrapped = _loss_scale.kept(ok, binding, names)
-        renamed = {binding[key]: wrapped[key] for key in binding}  # each output, its Where's
-        for output in algorithm_outputs:
-            output.name = renamed.get(output.name, output.name)
-        binding = wrapped
-        scaling = _loss_scale.updated(ok, scale_name, initial, period, names)
-        nodes += [*skipping, *scaling.nodes]
-        binding.update(scaling.binding)
-        algorithm_outputs += scaling.outputs
-        stored += scaling.initializers
-    algorithm = helper.make_graph(
-        nodes, "training_step", [target_info], algorithm_outputs, initializer=inits
-    )
+    binding[step.T] = step.T_next
+    algorithm_outputs.append(value_info(step.T_next, onnx.TensorProto.INT64, []))
+    return binding, algorithm_outputs
 
+
+def _skipped(
+    ok: str,
+    loss: _Loss,
+    binding: dict[str, str],
+    algorithm_outputs: list[onnx.ValueInfoProto],
+    names: Names,
+) -> tuple[dict[str, str], list[onnx.NodeProto]]:
+    """Each binding kept unless ``ok``, and S with its count of good steps updated.
+
+    Renames ``algorithm_outputs`` in place and extends them; ``loss.stored`` gets S's
+    initializers. Returns the new binding and the nodes.
+    """
+    skipping, wrapped = _loss_scale.kept(ok, binding, names)
+    renamed = {binding[key]: wrapped[key] for key in binding}  # each output, its Where's
+    for output in algorithm_outputs:
+        output.name = renamed.get(output.name, output.name)
+    binding = wrapped
+    scaling = _loss_scale.updated(ok, loss.scale_name, loss.initial, loss.period, names)
+    binding.update(scaling.binding)
+    algorithm_outputs += scaling.outputs
+    loss.stored = list(scaling.initializers)
+    return binding, [*skipping, *scaling.nodes]
+
+
+def _assembled(
+    model: onnx.ModelProto,
+    given: Any,
+    stored: list[onnx.TensorProto],
+    state_values: list[tuple[str, Callable[[], np.ndarray]]],
+    algorithm: onnx.GraphProto,
+    binding: dict[str, str],
+) -> onnx.ModelProto:
+    """The training model: ``model`` with the stored state and one ``training_info``."""
     if model is given:  # the caller's proto, unchanged by loading and lifting: not ours
         result = copy_model(model)  # a tensor at a time: CopyFrom refuses 2 GiB
     else:  # read from a path or bytes, or copied while loading or lifting: ours to extend

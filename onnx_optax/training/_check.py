@@ -13,7 +13,7 @@ from onnx import helper
 
 from onnx_optax._src.graph import GRADIENT, GraphFunction
 from onnx_optax._src.onnx_graph import increment_problem
-from onnx_optax._src.onnx_nodes import DOMAIN, describe, read_node
+from onnx_optax._src.onnx_nodes import DOMAIN, attribute_type_error, describe, read_node
 from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.registry import OPERATORS
 from onnx_optax.training._combined import Entry, MainGraph
@@ -364,12 +364,9 @@ def _gradient_names(node: onnx.NodeProto) -> tuple[list[str], str]:
         kind = kinds.get(attribute.name)
         if kind is None:
             continue
-        if attribute.type != kind:
-            raise ValueError(
-                f"{describe(node)}: attribute '{attribute.name}' must be of type "
-                f"{onnx.AttributeProto.AttributeType.Name(kind)}, got "
-                f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
-            )
+        wrong = attribute_type_error(node, attribute, kind)
+        if wrong:
+            raise ValueError(wrong)
         value = helper.get_attribute_value(attribute)
         what = f"{describe(node)}: attribute '{attribute.name}'"
         found[attribute.name] = (

@@ -7,7 +7,8 @@ bfloat16: stored initializers rounded to nearest even, ``Constant`` and
 ``ConstantOfShape`` values, ``Cast(to=FLOAT)`` now to BFLOAT16, value_info.
 Each trained weight ``W`` keeps its float32 value as the initializer
 ``W.master``, read through ``Cast(W.master) -> W``: the Gradient and the
-optimizer run on the float32 masters (as ``master_dtype`` does for 16-bit models).
+optimizer run on the float32 masters (as ``master_dtype`` does for 16-bit models:
+:func:`master_weights`, the same rewrite of a 16-bit model's trained weights).
 A stored value that every op reading it takes as float32 only (Resize's
 ``scales``, by the op's schema) stays float32.
 """
@@ -15,13 +16,15 @@ A stored value that every op reading it takes as float32 only (Resize's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import ml_dtypes
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_optax._src.onnx_nodes import describe
-from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype
 from onnx_optax.training._model import Names
 
 FLOAT, BF16 = TensorProto.FLOAT, TensorProto.BFLOAT16
@@ -141,3 +144,55 @@ def to_bfloat16(model: onnx.ModelProto, trained: Sequence[str], names: Names) ->
     del graph.node[:]
     graph.node.extend([*begin, *nodes, *end])
     return [masters[n] for n in trained if n in masters]
+
+
+def master_weights(
+    graph: onnx.GraphProto, chosen: list[str], master_dtype: Any, names: Names
+) -> list[str]:
+    """Each trained 16-bit weight ``W`` as a wider master initializer and ``Cast(master) -> W``.
+
+    Changes ``graph`` in place and returns the masters' names, in ``chosen``'s
+    order: the inference graph reads ``W`` as before, now computed by a Cast
+    node at its beginning, so it computes in the weight's own dtype.
+    """
+    try:
+        master = np.dtype(master_dtype)
+    except TypeError:
+        raise TypeError(
+            f"master_dtype must be a float dtype such as 'float32'; got {master_dtype!r}"
+        ) from None
+    if master not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"master_dtype must be float32 or float64; got {master}")
+    inputs = {v.name for v in graph.input}
+    position = {init.name: i for i, init in enumerate(graph.initializer)}
+    masters, casts = [], []
+    for n in chosen:
+        init = graph.initializer[position[n]]
+        dtype = tensor_dtype(init.data_type, f"initializer '{n}'")
+        if dtype.itemsize >= master.itemsize:
+            raise ValueError(
+                f"master_dtype={master} keeps a wider copy of 16-bit weights, but the trained "
+                f"tensor '{n}' is {dtype}; leave master_dtype out"
+            )
+        if n in inputs:
+            raise ValueError(
+                f"the trained tensor '{n}' is also a graph input (a default value a feed may "
+                "replace), which a master weight cannot be; remove it from the graph's inputs"
+            )
+        name = names(f"{n}.master")
+        value = read_tensor(init, "graph initializer").astype(master)
+        init.CopyFrom(numpy_helper.from_array(value, name))
+        casts.append(
+            helper.make_node(
+                "Cast",
+                [name],
+                [n],
+                to=int(helper.np_dtype_to_tensor_dtype(dtype)),
+                name=names(f"{n}.cast"),
+            )
+        )
+        masters.append(name)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*casts, *nodes])
+    return masters
