@@ -3,8 +3,9 @@
 Each case runs the registered ``AveragePool`` function under ``jax.jit`` on one
 random float32 input; times are medians over ``--rounds`` rounds after a warm-up,
 with ``block_until_ready`` inside the timed region. ``--against FILE`` loads an
-other version of the module holding AveragePool (``onnx_optax/_src/ops/conv.py``;
-``nn.py`` before the split into nn, conv and normalization), checks
+other version of the module holding AveragePool (``onnx_optax/_src/ops/pools.py``;
+``conv.py`` before the split into conv and pools, ``nn.py`` before the split into
+nn, conv and normalization), checks
 that both give the same values and times the two in a freshly shuffled order each
 round, in one process, so that a shared machine's drift falls on both alike::
 
@@ -27,7 +28,7 @@ import jax
 import numpy as np
 
 import onnx_optax
-from onnx_optax._src.ops import conv
+from onnx_optax._src.ops import pools
 from onnx_optax._src.ops.registry import Node
 
 # name -> (X's shape, attributes): ResNet-like stems and stages, and the pad-free case
@@ -53,18 +54,20 @@ def _other(path: str) -> Callable[..., Any]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    importlib.reload(conv)  # the registry holds this checkout's ops again
-    return module._average_pool  # type: ignore[no-any-return]
+    importlib.reload(pools)  # the registry holds this checkout's ops again
+    name = "average_pool" if hasattr(module, "average_pool") else "_average_pool"  # older
+    return getattr(module, name)  # type: ignore[no-any-return]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument(
-        "--against", help="another conv.py (nn.py before the split) to time against this one"
+        "--against",
+        help="another pools.py (conv.py, nn.py before the splits) to time against this one",
     )
     args = parser.parse_args()
-    versions = {"this": conv._average_pool}
+    versions = {"this": pools.average_pool}
     if args.against:
         versions["against"] = _other(args.against)
     rng = np.random.default_rng(0)

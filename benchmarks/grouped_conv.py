@@ -3,7 +3,7 @@
 For each geometry it times, jitted, XLA's ``lax.conv_general_dilated`` with
 ``feature_group_count`` (``native``) and the sum over the kernel's taps of
 strided slices times weights that ``Conv`` lowers small groups to on CPU
-(``shifted``, ``onnx_optax._src.ops.conv._shifted_conv``; with more than
+(``shifted``, ``onnx_optax._src.ops.convolution.shifted_conv``; with more than
 ``SHIFTED_CHANNELS`` channels a group, one matrix product of the stacked taps
 batched over the groups, ``_patches_conv``): the forward alone, and
 forward + backward (``jax.grad`` of ``sum(conv(X, W) * R)`` for a fixed random R,
@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 import onnx_optax
-from onnx_optax._src.ops import conv
+from onnx_optax._src.ops import convolution
 
 
 class Case(NamedTuple):
@@ -84,11 +84,11 @@ QUICK = [CASES[0], CASES[1], CASES[6], CASES[14], CASES[19]]
 def _functions(case: Case) -> dict[str, Callable[..., Any]]:
     group = case.channels // case.per_group
     pad = case.kernel // 2
-    geometry = conv.Geometry([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
-    products = case.per_group > conv.SHIFTED_CHANNELS
-    rewrite = conv._patches_conv if products else conv._shifted_conv
+    geometry = convolution.Geometry([case.stride] * 2, [(pad, pad)] * 2, [1, 1], [1, 1], group)
+    products = case.per_group > convolution.SHIFTED_CHANNELS
+    rewrite = convolution.patches_conv if products else convolution.shifted_conv
     convs = {
-        "native": lambda x, w: conv._native_conv(x, w, geometry),
+        "native": lambda x, w: convolution.native_conv(x, w, geometry),
         "shifted": lambda x, w: rewrite(x, w, geometry),
     }
     fns = {}
@@ -102,9 +102,9 @@ def _functions(case: Case) -> dict[str, Callable[..., Any]]:
 def _op_choice(case: Case) -> str:
     """What Conv runs on CPU: the shifted sum, the shifted products or the native conv."""
     taps = case.kernel**2
-    if case.per_group <= conv.SHIFTED_CHANNELS:
-        return "sum" if case.per_group * taps <= conv.SHIFTED_TERMS else "native"
-    return "products" if taps <= conv.SHIFTED_TERMS else "native"
+    if case.per_group <= convolution.SHIFTED_CHANNELS:
+        return "sum" if case.per_group * taps <= convolution.SHIFTED_TERMS else "native"
+    return "products" if taps <= convolution.SHIFTED_TERMS else "native"
 
 
 def _time(case: Case, rounds: int, budget: float) -> dict[str, float]:

@@ -10,7 +10,7 @@ model is fed the tests' deterministic batch, its batch axis resized to ``--batch
 Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 ``InferenceSession`` with ``intra_op_num_threads=2`` (``ort``) on the same
 inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
-XLA's native lowering (``conv._native_conv`` while it is traced: the lowering
+XLA's native lowering (``convolution.native_conv`` while it is traced: the lowering
 before issue 21). Times are medians over rounds after a warm-up, the
 implementations in blocks of 5 calls in a freshly shuffled order each round, each
 block after a pause (onnxruntime's threads stop spinning) and 0.1 s of untimed
@@ -64,7 +64,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import backend, training
-from onnx_optax._src.ops import conv
+from onnx_optax._src.ops import convolution
 from onnx_optax._src.write import write_file
 from onnx_optax.training._losses import softmax_logits
 from tests.real_models import MODELS, RealModel, attach_for_fine_tune, load
@@ -76,12 +76,12 @@ ORT_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "or
 @contextlib.contextmanager
 def native_convs() -> Iterator[None]:
     """Every grouped conv traced meanwhile is XLA's native one (the lowering before issue 21)."""
-    saved = conv._grouped_conv
-    conv._grouped_conv = lambda x, w, geometry, *_: conv._native_conv(x, w, geometry)
+    saved = convolution.grouped_conv
+    convolution.grouped_conv = lambda x, w, geometry, *_: convolution.native_conv(x, w, geometry)
     try:
         yield
     finally:
-        conv._grouped_conv = saved
+        convolution.grouped_conv = saved
 
 
 def _resized(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:

@@ -1,9 +1,9 @@
 """Grouped and depthwise Conv/ConvTranspose: the CPU lowering as shifted multiply-adds (issue 21).
 
 On CPU, ``Conv`` lowers a group of few input channels as a sum over the kernel's
-taps of strided slices times weights (``conv._shifted_conv``), and a group of more
+taps of strided slices times weights (``convolution.shifted_conv``), and a group of more
 channels, a 1x1 kernel or a small output as one matrix product of the stacked taps
-(``conv._patches_conv``), not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
+(``convolution.patches_conv``), not XLA's grouped conv. Expected values here never come from that path: they are XLA's native
 ``lax.conv_general_dilated`` with ``feature_group_count``, written out in each
 test with its pads computed from the ONNX spec, and onnxruntime running the
 same one-node model. Gradients are JAX's of both lowerings.
@@ -23,7 +23,7 @@ import pytest
 from jax import lax
 
 from onnx_optax import backend
-from onnx_optax._src.ops import conv
+from onnx_optax._src.ops import convolution
 from onnx_optax._src.ops.registry import Node
 
 onnx = pytest.importorskip("onnx")
@@ -155,7 +155,7 @@ def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, 
     xs, ws, attrs = GEOMETRIES[case]
     node = _node(xs, ws, attrs)
     x, w, b = _inputs(case, dtype)
-    ours = jax.jit(lambda x, w, b: conv._conv(node, x, w, b))
+    ours = jax.jit(lambda x, w, b: convolution.convolve(node, x, w, b))
     want = jax.jit(lambda *a: _native(*a, xs, attrs))(x, w, b)
     assert want.dtype == x.dtype
     got = ours(x, w, b)
@@ -165,7 +165,9 @@ def test_conv_equals_the_native_grouped_conv_and_so_do_its_gradients(case: str, 
         return
     # the gradient of sum(Y * R) wrt X, W and B, through jit
     r = jnp.asarray(np.random.default_rng(1).standard_normal(want.shape), dtype)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(conv._conv(node, *a) * r), (0, 1, 2)))(x, w, b)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(convolution.convolve(node, *a) * r), (0, 1, 2)))(
+        x, w, b
+    )
     expected = jax.jit(jax.grad(lambda *a: jnp.sum(_native(*a, xs, attrs) * r), (0, 1, 2)))(x, w, b)
     for ours_g, want_g in zip(grads, expected, strict=True):
         assert ours_g.dtype == want_g.dtype
@@ -177,17 +179,19 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
     xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
     x, w, b = _inputs("depthwise 3x3", "float32")
     node = _node(xs, ws, attrs)
-    hlo = jax.jit(lambda x, w, b: conv._conv(node, x, w, b)).lower(x, w, b).as_text()
+    hlo = jax.jit(lambda x, w, b: convolution.convolve(node, x, w, b)).lower(x, w, b).as_text()
     assert "convolution" not in hlo
-    big = conv.SHIFTED_CHANNELS + 1
+    big = convolution.SHIFTED_CHANNELS + 1
     for ws, native in (((4, big, 3, 3), False), ((4, 2, 12, 12), True)):  # beyond SHIFTED_TERMS
         xs = (1, 2 * ws[1], 12, 12)
         x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
         node = _node(xs, ws, {})
-        hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
+        hlo = (
+            jax.jit(lambda x, w, node=node: convolution.convolve(node, x, w)).lower(x, w).as_text()
+        )
         assert ("convolution" in hlo) == native
     # one group: a product for 1x1 kernels and few stacked taps, else XLA's own
-    side = 3 + math.isqrt(conv.PATCHES_ELEMENTS // 18)  # 2 channels x 9 taps: too many
+    side = 3 + math.isqrt(convolution.PATCHES_ELEMENTS // 18)  # 2 channels x 9 taps: too many
     for xs, ws, native in (
         ((1, 2, 5, 5), (4, 2, 3, 3), False),
         ((1, 2, side, side), (4, 2, 1, 1), False),
@@ -195,7 +199,9 @@ def test_groups_lower_without_a_convolution_on_cpu_unless_their_window_is_large(
     ):
         x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
         node = _node(xs, ws, {"group": 1})
-        hlo = jax.jit(lambda x, w, node=node: conv._conv(node, x, w)).lower(x, w).as_text()
+        hlo = (
+            jax.jit(lambda x, w, node=node: convolution.convolve(node, x, w)).lower(x, w).as_text()
+        )
         assert ("convolution" in hlo) == native, (xs, ws)
 
 
@@ -204,11 +210,11 @@ def test_stacked_taps_are_written_once_at_batch_above_one() -> None:
     holds one value of the stack's size, not the stack and a copy that moves the batch
     axis inside (taps copied one by one, past STACKED_IN_ONE)."""
     xs, ws = (4, 8, 30, 30), (16, 8, 3, 3)
-    assert 9 * math.prod(xs) > conv.STACKED_IN_ONE
+    assert 9 * math.prod(xs) > convolution.STACKED_IN_ONE
     cpu = jax.devices("cpu")[0]  # the rewrite is the CPU's (and so is this test)
     x, w = (jax.device_put(jnp.ones(s, jnp.float32), cpu) for s in (xs, ws))
     node = _node(xs, ws, {"pads": [1, 1, 1, 1]})
-    text = jax.jit(lambda x, w: conv._conv(node, x, w)).lower(x, w).compile().as_text()
+    text = jax.jit(lambda x, w: convolution.convolve(node, x, w)).lower(x, w).compile().as_text()
     entry = text[text.index("\nENTRY") :]  # the run's own values, not the fused bodies'
     stacks = [
         line
@@ -225,8 +231,8 @@ def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
     xs, ws, attrs = GEOMETRIES["depthwise 3x3"]
     x, w, b = _inputs("depthwise 3x3", "float32")
     node = _node(xs, ws, attrs)
-    loss = lambda x, w: jnp.sum(conv._conv(node, x, w, b))  # noqa: E731
-    for fn in (lambda x, w: conv._conv(node, x, w, b), jax.grad(loss, (0, 1))):
+    loss = lambda x, w: jnp.sum(convolution.convolve(node, x, w, b))  # noqa: E731
+    for fn in (lambda x, w: convolution.convolve(node, x, w, b), jax.grad(loss, (0, 1))):
         text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
         assert "convolution" in text and "stablehlo.slice" not in text
         text = jax.jit(fn).trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
@@ -237,7 +243,7 @@ def test_gpu_lowering_keeps_the_native_conv_forward_and_backward() -> None:
 def test_groups_of_no_channel_give_zeros(kernel: int) -> None:
     xs, ws = (1, 0, 5, 5), (4, 0, kernel, kernel)
     x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32)
-    got = jax.jit(lambda x, w: conv._conv(_node(xs, ws, {"group": 2}), x, w))(x, w)
+    got = jax.jit(lambda x, w: convolution.convolve(_node(xs, ws, {"group": 2}), x, w))(x, w)
     np.testing.assert_array_equal(got, np.zeros((1, 4, 6 - kernel, 6 - kernel), np.float32))
 
 
@@ -245,7 +251,7 @@ def test_half_precision_sums_in_float32() -> None:
     x, w, b = _inputs("depthwise 5x3 stride 2x1 dilation 1x2", "float32")
     xs, ws, attrs = GEOMETRIES["depthwise 5x3 stride 2x1 dilation 1x2"]
     x16, w16, b16 = (v.astype(jnp.bfloat16) for v in (x, w, b))
-    got = jax.jit(lambda *a: conv._conv(_node(xs, ws, attrs), *a))(x16, w16, b16)
+    got = jax.jit(lambda *a: convolution.convolve(_node(xs, ws, attrs), *a))(x16, w16, b16)
     assert got.dtype == jnp.bfloat16
     want = _native(*(v.astype(jnp.float32) for v in (x16, w16, b16)), xs, attrs)
     np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=2e-2)
@@ -344,11 +350,11 @@ def test_conv_of_a_channels_last_transpose_equals_the_native_conv(case: str) -> 
         full = dict(auto_pad="NOTSET", dilations=None, kernel_shape=None, pads=None, strides=None)
         node = Node({**full, **attrs, "group": 1}, 21, "node 'n' (ai.onnx.Conv)", 1)
         fed = dataclasses.replace(node, input_perms=(perm, None, None))
-        assert conv._reads_channels_last(fed, jnp.transpose(source, perm)) == taken
-        assert not conv._reads_channels_last(node, jnp.transpose(source, perm))
+        assert convolution.reads_channels_last(fed, jnp.transpose(source, perm)) == taken
+        assert not convolution.reads_channels_last(node, jnp.transpose(source, perm))
 
         def ours(source: Any, w: Any, b: Any) -> Any:
-            return conv._conv(fed, jnp.transpose(source, perm), w, b)
+            return convolution.convolve(fed, jnp.transpose(source, perm), w, b)
 
         def native(source: Any, w: Any, b: Any) -> Any:
             return _native(jnp.transpose(source, perm), w, b, xs, attrs)
@@ -394,13 +400,15 @@ def test_a_transpose_then_conv_model_equals_onnxruntime(case: str) -> None:
 
 
 def test_a_small_stack_of_nine_taps_is_concatenated_eight_at_most_at_a_time() -> None:
-    """XLA:CPU fuses a concatenation of at most 8 operands into one kernel (conv._stacked)."""
-    geometry = conv.Geometry([1, 1], [(1, 1), (1, 1)], [1, 1], [1, 1], 1)
+    """XLA:CPU fuses a concatenation of at most 8 operands into one kernel (convolution._stacked)."""
+    geometry = convolution.Geometry([1, 1], [(1, 1), (1, 1)], [1, 1], [1, 1], 1)
     x, w = jnp.ones((1, 16, 7, 7), jnp.float32), jnp.ones((4, 16, 3, 3), jnp.float32)
     for channels_last in (False, True):
         text = (
             jax.jit(
-                lambda x, w, cl=channels_last: conv._patches_conv(x, w, geometry, channels_last=cl)
+                lambda x, w, cl=channels_last: convolution.patches_conv(
+                    x, w, geometry, channels_last=cl
+                )
             )
             .lower(x, w)
             .as_text()
@@ -410,4 +418,4 @@ def test_a_small_stack_of_nine_taps_is_concatenated_eight_at_most_at_a_time() ->
             for line in text.splitlines()
             if "stablehlo.concatenate" in line
         ]
-        assert widths and max(widths) <= conv.FUSED_OPERANDS, widths
+        assert widths and max(widths) <= convolution.FUSED_OPERANDS, widths

@@ -1,6 +1,6 @@
 """MaxPool's values and gradient as one reduce_window per spatial axis (issue 21).
 
-``conv._max_pool`` computes the windows' maxima axis by axis (``_separable_max``).
+``pools.max_pool`` computes the windows' maxima axis by axis (``_separable_max``).
 Expected values here are JAX's single ``lax.reduce_window`` over the whole window,
 written out in the test with the pads computed from the ONNX spec, and its gradient:
 ties go to the same element. Inputs are small integers as floats, so windows tie
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from onnx_optax._src.ops import conv
+from onnx_optax._src.ops import pools
 from onnx_optax._src.ops.registry import Node
 
 # name -> (X's shape, attributes, the pads a whole-window reduce_window takes: ceil_mode's
@@ -78,7 +78,7 @@ def test_max_pool_equals_one_reduce_window(case: str) -> None:
     with jax.enable_x64(True):
         x, node, _ = _inputs(case)
         x = x.at[(0,) * x.ndim].set(jnp.nan)  # a NaN wins its windows, as in one reduce_window
-        got = jax.jit(lambda x: conv._max_pool(node, x))(x)
+        got = jax.jit(lambda x: pools.max_pool(node, x))(x)
         np.testing.assert_array_equal(got, _whole_window(x, attrs, pads))
 
 
@@ -89,7 +89,7 @@ def test_max_pool_gradient_goes_where_one_reduce_window_sends_it(case: str) -> N
     with jax.enable_x64(True):
         x, node, rng = _inputs(case)
         r = jnp.asarray(rng.standard_normal(_whole_window(x, attrs, pads).shape))
-        grad = jax.jit(jax.grad(lambda x: jnp.sum(conv._max_pool(node, x) * r)))(x)
+        grad = jax.jit(jax.grad(lambda x: jnp.sum(pools.max_pool(node, x) * r)))(x)
         expected = jax.grad(lambda x: jnp.sum(_whole_window(x, attrs, pads) * r))(x)
         np.testing.assert_array_equal(grad, expected)
 
@@ -97,7 +97,7 @@ def test_max_pool_gradient_goes_where_one_reduce_window_sends_it(case: str) -> N
 def test_max_pool_runs_one_reduce_window_per_pooled_axis() -> None:
     shape, attrs, _ = POOLS["3x3 stride 2 (SqueezeNet)"]
     node = _node(attrs)
-    jaxpr = jax.make_jaxpr(lambda x: conv._max_pool(node, x))(jnp.ones(shape, jnp.float32))
+    jaxpr = jax.make_jaxpr(lambda x: pools.max_pool(node, x))(jnp.ones(shape, jnp.float32))
     windows = [
         e.params["window_dimensions"] for e in jaxpr.eqns if "reduce_window" in str(e.primitive)
     ]

@@ -23,7 +23,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from onnx_optax._src.ops import conv  # noqa: E402
+from onnx_optax._src.ops import convolution  # noqa: E402
 from onnx_optax._src.ops.registry import Node  # noqa: E402
 
 
@@ -145,14 +145,16 @@ def test_a_conv_with_axes_of_one_element_equals_the_direct_conv(case: str) -> No
     full = dict(auto_pad="NOTSET", kernel_shape=None, group=1, **attrs)
     op = Node(full, 13, "node 'n' (ai.onnx.Conv)", 1)
     r = rng.standard_normal(want.shape).astype(np.float32)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(conv._conv(op, *a) * r), (0, 1, 2)))(x, w, b)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(convolution.convolve(op, *a) * r), (0, 1, 2)))(
+        x, w, b
+    )
     expected = jax.jit(jax.grad(lambda *a: jnp.sum(direct(*a) * r), (0, 1, 2)))(x, w, b)
     for ours, theirs in zip(grads, expected, strict=True):
         assert ours.shape == theirs.shape
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     # the conv XLA is given reads X without the dropped axes (on the CPU a small output
     # is a matrix product, no conv: the lowering for a GPU has XLA's)
-    traced = jax.jit(lambda x, w: conv._conv(op, x, w)).trace(x, w)
+    traced = jax.jit(lambda x, w: convolution.convolve(op, x, w)).trace(x, w)
     hlo = "\n".join(traced.lower(lowering_platforms=(p,)).as_text() for p in ("cpu", "cuda"))
     flat = [d for d in range(n) if xs[2 + d] == ws[2 + d] == 1 and pads[d] == pads[d + n] == 0]
     dropped = flat if len(flat) < n else flat[1:]
@@ -223,8 +225,8 @@ def test_the_channels_last_conv_equals_the_direct_conv(case: str) -> None:
         return lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=dilations)
 
     def ours(x: Any, w: Any) -> Any:
-        return conv._channels_last_conv(
-            x, w, conv.Geometry(strides, padding, [1] * n, dilations, 1)
+        return convolution.channels_last_conv(
+            x, w, convolution.Geometry(strides, padding, [1] * n, dilations, 1)
         )
 
     want = jax.jit(direct)(x, w)

@@ -1,14 +1,18 @@
 """The ONNX ops as small jax.numpy/lax functions, one module per family, one registry.
 
 ``registry`` holds :class:`~registry.Op`, :class:`~registry.Node` and ``REGISTRY``
-(domain -> op type -> Op; ``OPS`` is the ai.onnx table), into which every family
-module registers its ops with ``@register("OpType")``; importing this package
-imports every family, so whoever reads the registry sees them all.
+(domain -> op type -> Op; ``OPS`` is the ai.onnx table) and imports nothing of
+this package; every family module registers its ops there with
+``@register("OpType")`` of ``guard``, which puts each function behind the one
+guard every op runs behind (the schema's input types checked, host memory errors
+named); importing this package imports every family, so whoever reads the
+registry sees them all.
 
 - ``elementwise``: arithmetic, unary math (trigonometric and hyperbolic), Shrink,
   comparisons, logic, Where, Clip, Cast, the Bitwise ops, BitShift, BitCast
 - ``nn``: activations, Softmax family, MatMul/Gemm/Einsum
-- ``conv``: Conv, ConvTranspose, the pools, MaxUnpool
+- ``conv``: Conv, ConvTranspose
+- ``pools``: MaxPool, AveragePool, the global pools, MaxUnpool
 - ``normalization``: Batch, Instance, Layer, Group and MeanVariance normalization,
   LRN, Dropout
 - ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
@@ -39,12 +43,16 @@ imports every family, so whoever reads the registry sees them all.
   Optional ops (a sequence is a tuple of a length known while tracing, an empty
   optional a marker known while tracing)
 
-and beside them ``arrays`` (the helpers several families share: static or
-traced values, dtypes, axes, the size limit, indices checked while tracing or
-after the run) and ``attributes`` (a node's
-attributes read against its ONNX schema). To add an op: a function in its
-family's module, registered there; a new family is a new module here,
-imported below.
+and beside them, below every family (a family imports only these, never another
+family): ``values`` (the values every op sees: static or traced tensors, the
+sequence and optional types), ``arrays`` (the helpers several families share:
+dtypes, axes, the size limit, indices checked while tracing or after the run),
+``attributes`` (a node's attributes read against its ONNX schema), ``guard``
+(``register``), ``windows`` (the window geometry of convolutions and pools),
+``convolution`` (how a convolution is computed: Conv, ConvInteger, QLinearConv)
+and ``subgraphs`` (a body's signature checked, the budget of unrolled calls: If,
+Loop, Scan, SequenceMap). To add an op: a function in its family's module,
+registered there; a new family is a new module here, imported below.
 """
 
 from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when imported)
@@ -59,6 +67,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     ml,
     nn,
     normalization,
+    pools,
     quantization,
     recurrent,
     reductions,

@@ -1,6 +1,6 @@
 """The Lp ops of ai.onnx: LpNormalization and LpPool.
 
-LpPool reads its windows as the other pools do (``conv._pool_geometry``: kernel,
+LpPool reads its windows as the other pools do (``windows.pool_geometry``: kernel,
 strides, dilations, pads, ``auto_pad``, ``ceil_mode``, checked naming the node)
 and sums ``|x| ** p`` over each in one ``reduce_window``; pads count as zeros.
 Both are differentiable, also where a norm is zero (the result there is 0).
@@ -15,9 +15,9 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.ops.arrays import norm_axis
-from onnx_optax._src.ops.conv import _pool_geometry
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.windows import pool_geometry
 
 
 def _p(node: Node, allowed: tuple[int, ...] | None = None) -> float:
@@ -60,7 +60,7 @@ def _lp_normalization(node: Node, x: Any) -> Any:
 def _lp_pool(node: Node, x: Any) -> Any:
     """``(sum of |x| ** p over each window) ** (1 / p)``, pads counting as zeros."""
     p = _p(node)
-    kernel, strides, dilations, padding, extra, sizes = _pool_geometry(node, x)
+    kernel, strides, dilations, padding, extra, sizes = pool_geometry(node, x)
     if 0 in (x.shape[0], *sizes):
         return jnp.zeros((x.shape[0], x.shape[1], *sizes), x.dtype)
     pads = [(lo, hi + more) for (lo, hi), (_, more) in zip(padding, extra, strict=True)]

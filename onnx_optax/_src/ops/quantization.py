@@ -26,7 +26,7 @@ from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops.arrays import cast_to, check_at_run, check_size, norm_axis, xp_of
-from onnx_optax._src.ops.conv import _conv
+from onnx_optax._src.ops.convolution import convolve
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.nn import _matmul_shape
 from onnx_optax._src.ops.registry import Node
@@ -407,7 +407,7 @@ def _int_conv(node: Node, x: Any, w: Any, x_zp: Any, w_zp: Any) -> Any:
         )
     x32 = jnp.asarray(_minus(node, x, x_zp, "x_zero_point"))
     w32 = jnp.asarray(_minus(node, w, w_zp, "w_zero_point", channels))
-    return _conv(node, x32, w32)
+    return convolve(node, x32, w32)
 
 
 @register("ConvInteger")

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.ops.arrays import check_at_run, check_size, int_list, same_dtype, xp_of
-from onnx_optax._src.ops.conv import _attr_ints, _bias_check, _group, _kernel_of, _spans
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.image import _work_dtype, grid_taps, sample_taps
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import canonical
+from onnx_optax._src.ops.windows import attr_ints, bias_check, group_of, kernel_of, window_spans
 
 # ----------------------------------------------------------------------------- Col2Im
 
@@ -41,7 +41,7 @@ def _block_counts(
     counts = [
         (size + pads[i] + pads[i + rank] - span) // s + 1
         for i, (size, span, s) in enumerate(
-            zip(image, _spans(block, dilations), strides, strict=True)
+            zip(image, window_spans(block, dilations), strides, strict=True)
         )
     ]
     if any(c < 1 for c in counts):
@@ -73,9 +73,9 @@ def _col2im(node: Node, x: Any, image_shape: Any, block_shape: Any) -> Any:
         raise ValueError(
             f"{node.where}: image_shape {image} and block_shape {block} must be positive"
         )
-    strides = _attr_ints(node, "strides", rank, 1, 1)
-    dilations = _attr_ints(node, "dilations", rank, 1, 1)
-    pads = _attr_ints(node, "pads", 2 * rank, 0, 0)
+    strides = attr_ints(node, "strides", rank, 1, 1)
+    dilations = attr_ints(node, "dilations", rank, 1, 1)
+    pads = attr_ints(node, "pads", 2 * rank, 0, 0)
     counts = _block_counts(node, image, block, strides, dilations, pads)
     k, length = math.prod(block), math.prod(counts)
     if np.ndim(x) != 3 or x.shape[1] % k or x.shape[2] != length:
@@ -115,14 +115,14 @@ def _deform_geometry(
             f"{node.where}: DeformConv needs X (N, C, ...) and W of the same rank, got shapes "
             f"{list(np.shape(x))} and {list(np.shape(w))}"
         )
-    kernel = _kernel_of(node, w)
+    kernel = kernel_of(node, w)
     rank = len(kernel)
-    strides = _attr_ints(node, "strides", rank, 1, 1)
-    dilations = _attr_ints(node, "dilations", rank, 1, 1)
-    pads = _attr_ints(node, "pads", 2 * rank, 0, 0)
+    strides = attr_ints(node, "strides", rank, 1, 1)
+    dilations = attr_ints(node, "dilations", rank, 1, 1)
+    pads = attr_ints(node, "pads", 2 * rank, 0, 0)
     out = []
     for i, (size, span, s) in enumerate(
-        zip(x.shape[2:], _spans(kernel, dilations), strides, strict=True)
+        zip(x.shape[2:], window_spans(kernel, dilations), strides, strict=True)
     ):
         padded = size + pads[i] + pads[i + rank]
         if padded < span:
@@ -160,7 +160,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
     same_dtype(node, x, w, offset, b, mask)
     kernel, out, strides, dilations, begin = _deform_geometry(node, x, w)
     rank, k, p = len(kernel), math.prod(kernel), math.prod(out)
-    group = _group(node)
+    group = group_of(node)
     groups = int(node.get("offset_group", 1))
     n, c, *spatial = x.shape
     m = w.shape[0]
@@ -180,7 +180,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
                 f"{node.where}: {name} of shape {list(value.shape)} must be {[n, per, *out]} "
                 f"(offset_group {groups}, kernel {kernel}, output {out})"
             )
-    _bias_check(node, b, m)
+    bias_check(node, b, m)
     dtype = canonical(x.dtype)
     check_size(node, [n, m, *out], dtype)
     check_size(node, [n, c, k, p], dtype, "sampled columns")
