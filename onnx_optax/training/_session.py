@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -11,36 +10,27 @@ from typing import Any
 import jax
 import numpy as np
 import onnx
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from onnx import numpy_helper
 
-from onnx_optax._src import checks
 from onnx_optax._src.graph import GraphFunction, jit_graph, paused_gc, to_jax
 from onnx_optax._src.graph.load import DEFAULT_LIMITS
-from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.ops import RunChecks, raise_failed
 from onnx_optax._src.random_keys import step_key
-from onnx_optax._src.remat import rematerialized
+from onnx_optax._src.graph.remat import rematerialized
 from onnx_optax.training._check import checked_entries
-from onnx_optax.training._combined import Entry, Inference, check_feeds
-from onnx_optax.training._dropout import switched_off
-from onnx_optax.training._export import fold_casts, save_model, strip_training
-from onnx_optax.training._feeds import from_python, is_python
-from onnx_optax.training._metrics import shortest_float
+from onnx_optax.training._combined import Entry, Inference
 from onnx_optax.training._model import (
     TrainingModelError,
-    abstract,
     as_model,
     copy_model,
-    declared,
     mutable,
     opsets,
 )
-from onnx_optax.training._rate import Rate, scale_reaching
-
-SHARDED_BYTES = 1024
-"""With ``shard_parameters=True``, the smallest array split over the devices (1 KiB)."""
+from onnx_optax.training._rate import Rate
+from onnx_optax.training._session_feeds import Feeds
+from onnx_optax.training._session_placement import Placement
+from onnx_optax.training._session_rate import LearningRate
+from onnx_optax.training._session_run import Inferring
+from onnx_optax.training._session_saving import Saving
 
 
 def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,7 +51,20 @@ def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class Session:
+def _check_options(remat: Any, shard_parameters: Any, micro_batches: Any) -> None:
+    """Refuses a flag that is not a bool, and a micro-batch count that is not an int >= 1."""
+    for flag, value in (("remat", remat), ("shard_parameters", shard_parameters)):
+        if not isinstance(value, bool):  # "no" or 0.5 would otherwise read as True
+            raise TypeError(f"{flag} must be True or False; got {value!r}")
+    if (
+        not isinstance(micro_batches, int | np.integer)
+        or isinstance(micro_batches, bool)
+        or micro_batches < 1
+    ):
+        raise ValueError(f"micro_batches must be an integer >= 1; got {micro_batches!r}")
+
+
+class Session(Feeds, LearningRate, Inferring, Saving, Placement):
     """Runs a model's ``training_info``: initialization, then algorithm steps.
 
     Each entry compiles once (per feed signature) into one jitted function
@@ -145,39 +148,21 @@ class Session:
         remat: bool = False,
         seed: int | None = None,
     ) -> None:
-        for flag, value in (("remat", remat), ("shard_parameters", shard_parameters)):
-            if not isinstance(value, bool):  # "no" or 0.5 would otherwise read as True
-                raise TypeError(f"{flag} must be True or False; got {value!r}")
+        _check_options(remat, shard_parameters, micro_batches)
         self._remat = remat
-        if (
-            not isinstance(micro_batches, int | np.integer)
-            or isinstance(micro_batches, bool)
-            or micro_batches < 1
-        ):
-            raise ValueError(f"micro_batches must be an integer >= 1; got {micro_batches!r}")
         self._micro_batches = int(micro_batches)
-        self._replicated: NamedSharding | None = None
-        self._split: NamedSharding | None = None
-        self._sharded = bool(shard_parameters)
-        if self._sharded and devices is None:
-            raise ValueError(
-                "shard_parameters=True splits the parameters over the session's devices; "
-                "give devices= as well, such as jax.devices()"
-            )
-        if devices is not None:
-            if not isinstance(devices, list | tuple) or not all(
-                isinstance(d, jax.Device) for d in devices
-            ):
-                raise TypeError(
-                    f"devices must be a list of JAX devices, such as jax.devices(); got {devices!r}"
-                )
-            if len(set(devices)) != len(devices) or not devices:
-                raise ValueError(
-                    f"devices must list at least one device, each once; got {list(devices)}"
-                )
-            mesh = Mesh(np.array(devices), ("batch",))
-            self._replicated = NamedSharding(mesh, PartitionSpec())
-            self._split = NamedSharding(mesh, PartitionSpec("batch"))
+        self._placement(devices, shard_parameters)
+        self._load(model)
+        self._compile()
+        # The feed signatures traced for a step: whether their ops check at run time.
+        self._checked: dict[Any, bool] = {}
+        self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
+        self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
+        self._rate = Rate(self._model)
+        self._seed = self._checked_seed(seed)
+
+    def _load(self, model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> None:
+        """The checked model's entries, and its bound initializers placed as the state."""
         loaded = as_model(model)
         checked = checked_entries(loaded)
         problems = [p for p in checked.problems if p.blocking]
@@ -205,6 +190,9 @@ class Session:
         self._constants = [
             {n: self._place(v) for n, v in e.constants.items()} for e in self._entries
         ]
+
+    def _compile(self) -> None:
+        """The jitted step, its run-time checks and the evaluation, laid out on the devices."""
         shard: dict[str, Any] = {}
         step_shard: dict[str, Any] = {}
         if self._replicated is not None:
@@ -219,12 +207,6 @@ class Session:
         self._step = jit_graph(step_all, donate_argnums=0, **step_shard)
         self._checks = jit_graph(lambda *a: step_all(*a)[2], **shard)
         self._evaluate = jit_graph(evaluate_all, **shard)
-        # The feed signatures traced for a step: whether their ops check at run time.
-        self._checked: dict[Any, bool] = {}
-        self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
-        self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
-        self._rate = Rate(self._model)
-        self._seed = self._checked_seed(seed)
 
     def _checked_seed(self, seed: int | None) -> int | None:
         """``seed`` as an int, with T (the optimizer node's count) bound to key the masks."""
@@ -248,43 +230,10 @@ class Session:
         count = state[self._rate.count].astype(np.uint32)  # T's low 32 bits
         return jax.random.fold_in(jax.random.key(self._seed), count)
 
-    def _put(self, values: Any) -> Any:
-        """Feeds on the session's devices, split along axis 0 (the batch)."""
-        if self._split is None:
-            return values
-        return jax.device_put(values, self._split)
-
-    def _place(self, value: Any) -> Any:
-        """A parameter, optimizer state or constant on the session's devices, in its layout.
-
-        Replicated; with ``shard_parameters``, split along its longest axis the
-        device count divides when it holds ``SHARDED_BYTES`` or more.
-        """
-        if self._replicated is None or self._split is None:
-            return value
-        count = self._split.num_devices
-        shape = np.shape(value)
-        axes = [a for a, size in enumerate(shape) if size % count == 0]
-        if not self._sharded or not axes or value.nbytes < SHARDED_BYTES:
-            return jax.device_put(value, self._replicated)
-        axis = max(axes, key=lambda a: (shape[a], -a))  # the longest, the first of equal ones
-        spec = PartitionSpec(*[None] * axis, "batch")
-        return jax.device_put(value, NamedSharding(self._split.mesh, spec))
-
     @property
     def inputs(self) -> list[str]:
         """The names a step feeds: every entry's algorithm inputs and the graph inputs it reads."""
         return list(dict.fromkeys(v.name for entry in self._entries for v in entry.feeds))
-
-    def _current(self, name: str) -> np.ndarray:
-        """The current value of the bound initializer ``name``, in its stored dtype.
-
-        An array split over several processes is gathered (every process must ask).
-        """
-        value = self._state[name]
-        if not value.is_fully_addressable and not value.is_fully_replicated:
-            value = multihost_utils.process_allgather(value, tiled=True)
-        return np.asarray(value).astype(self._dtypes[name], copy=False)
 
     @property
     def initializers(self) -> dict[str, np.ndarray]:
@@ -293,104 +242,6 @@ class Session:
         Those a binding updates change with each step; the others are as stored.
         """
         return {n: self._current(n) if n in self._state else self._fixed[n] for n in self._order}
-
-    # -- the learning rate
-
-    @property
-    def learning_rate(self) -> float | None:
-        """R of the next step: computed as the model computes it, at the current T.
-
-        The shortest number that reads back as R in R's dtype (0.01, not
-        0.009999999776). None when R is not computed from T and constants
-        alone (it is fed, or the model has several optimizer nodes).
-        """
-        rate = self._rate
-        if rate.unscaled is None:
-            return None
-        value = rate.unscaled(self._count())
-        if rate.scale:
-            value = value * self._fixed[rate.scale]
-        return shortest_float(value)
-
-    @property
-    def learning_rate_scale(self) -> float | None:
-        """The factor on R stored in the model: ``R = (learning rate at T) * scale``.
-
-        ``attach`` stores 1. Setting it (a finite number >= 0) multiplies R
-        from the next step on (with a schedule, every later value of it) and
-        keeps the parameters, V, H and T; the step is not compiled again, and
-        :meth:`save` and :meth:`to_model` keep the value. None for a model
-        without a scale (attached by an earlier onnx_optax, or made by another
-        tool): setting it then raises ValueError saying why.
-        """
-        if not self._rate.scale:
-            return None
-        return float(self._fixed[self._rate.scale])
-
-    @learning_rate_scale.setter
-    def learning_rate_scale(self, value: float) -> None:
-        where = "Session.learning_rate_scale"
-        name = self._scale_name(where)
-        number = checks.stored_number(where, "the scale", value)
-        if number < 0:
-            raise ValueError(f"{where}: the scale must be >= 0, got {number}")
-        self._set_scale(where, np.asarray(number, self._fixed[name].dtype))
-
-    def set_learning_rate(self, value: float) -> None:
-        """Sets the scale so that R of the next step (at the current T) is ``value``.
-
-        As onnxruntime-training's ``optimizer.set_learning_rate``: parameters,
-        V, H and T are kept, and nothing is compiled again. With a schedule,
-        the whole rest of the schedule is scaled by the same factor (R keeps
-        following its shape); :attr:`learning_rate_scale` says by how much.
-        ``value`` is rounded to R's dtype, and the scale is chosen so that R
-        equals that number exactly where one exists.
-
-        Raises:
-          ValueError: the model has no learning-rate scale (see
-            :attr:`learning_rate_scale`), R at this T is 0 before the scale
-            (a warmup's start: no scale reaches ``value``), or ``value`` is
-            not a finite number >= 0.
-        """
-        where = "Session.set_learning_rate"
-        name = self._scale_name(where)
-        rate = self._rate
-        if rate.unscaled is None:
-            raise ValueError(f"{where}: {rate.why}")
-        number = checks.stored_number(where, "the learning rate", value)
-        if number < 0:
-            raise ValueError(f"{where}: the learning rate must be >= 0, got {number}")
-        count = self._count()
-        unscaled = np.asarray(rate.unscaled(count), self._fixed[name].dtype)
-        if unscaled == 0 or not np.isfinite(unscaled):
-            raise ValueError(
-                f"{where}: R before the scale is {unscaled} at T = {count} (the schedule's "
-                f"value there), which no scale turns into {number}; set learning_rate_scale "
-                "instead"
-            )
-        self._set_scale(where, scale_reaching(unscaled, number))
-
-    def _count(self) -> int:
-        name = self._rate.count
-        return int(self._current(name) if name in self._state else self._fixed[name])
-
-    def _scale_name(self, where: str) -> str:
-        if not self._rate.scale:
-            raise ValueError(f"{where}: {self._rate.why}")
-        return self._rate.scale
-
-    def _set_scale(self, where: str, scale: np.ndarray) -> None:
-        """Writes ``scale`` where the steps and :meth:`save` read it (no recompilation)."""
-        if not np.isfinite(scale) or scale < 0:
-            raise ValueError(f"{where}: the scale would be {scale}, which is not finite and >= 0")
-        name = self._rate.scale
-        self._fixed[name] = scale
-        for constants in self._constants:
-            if name in constants:
-                constants[name] = self._place(to_jax(f"initializer '{name}'", scale))
-        for init in self._model.graph.initializer:
-            if init.name == name:
-                init.CopyFrom(numpy_helper.from_array(scale, name))
 
     def initialize(self) -> None:
         """Runs each entry's initialization graph and applies its ``initialization_binding``."""
@@ -402,104 +253,6 @@ class Session:
             for entry in info.initialization_binding:
                 value = jax.numpy.asarray(values[entry.value])
                 self._state[entry.key] = self._place(value)
-
-    def _feeds(
-        self, entry: Entry, inputs: Mapping[str, Any], dims: dict[str, Any]
-    ) -> dict[str, Any]:
-        feeds = entry.check_feeds(inputs, dims)
-        count = 1 if self._split is None else self._split.num_devices
-        for name, array in feeds.items():
-            if array.ndim and array.shape[0] % count:
-                raise ValueError(
-                    f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which the "
-                    f"{count} devices do not divide; give a batch that is a multiple of {count}"
-                )
-            parts = self._micro_batches
-            if array.ndim and array.shape[0] % (count * parts):
-                raise ValueError(
-                    f"{entry.where}: feed '{name}' has {array.shape[0]} rows, which "
-                    f"{parts} micro-batches of a multiple of {count} devices do not divide; "
-                    f"give a batch that is a multiple of {count * parts}"
-                )
-        return self._put(feeds)
-
-    def global_feeds(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """Each feed made of every process's rows: what :meth:`step` takes on several hosts.
-
-        With ``devices`` spanning several processes (after
-        ``jax.distributed.initialize()``), each process passes its own rows of
-        every feed of rank 1 or more, as many in each process and a multiple of
-        its number of the session's devices; the global batch is the processes'
-        rows in process order. A feed of rank 0 is the same in every process.
-        The arrays are ``jax.make_array_from_process_local_data``'s, split along
-        axis 0 over the session's devices as :meth:`step` splits a batch, so the
-        step moves nothing between hosts before it runs. In one process the
-        rows are the whole batch.
-
-        Raises:
-          ValueError: the session has no ``devices``, or a feed's rows are not a
-            multiple of this process's devices.
-        """
-        if self._split is None:
-            raise ValueError(
-                "Session.global_feeds: the session runs on JAX's default device; give "
-                "Session(model, devices=jax.devices()) to split batches over every process's"
-                " devices"
-            )
-        local = len(self._split.addressable_devices)
-        arrays = {}
-        for name, value in self._from_python(rows).items():
-            array = np.asarray(value)
-            if array.ndim and array.shape[0] % local:
-                raise ValueError(
-                    f"Session.global_feeds: feed '{name}' has {array.shape[0]} rows here, "
-                    f"which this process's {local} devices do not divide"
-                )
-            sharding = self._split if array.ndim else self._replicated
-            arrays[name] = jax.make_array_from_process_local_data(sharding, array)
-        return arrays
-
-    def _all_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Every entry's feeds, all checked before any is used."""
-        dims: dict[str, Any] = {}
-        return [self._feeds(entry, inputs, dims) for entry in self._entries]
-
-    def _from_python(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``inputs`` with Python numbers and lists as arrays of the dtype a step declares.
-
-        Converted once, so the class labels are checked on the values the step reads.
-        """
-        if not isinstance(inputs, Mapping) or not any(is_python(v) for v in inputs.values()):
-            return inputs
-        converted = dict(inputs)
-        for entry in self._entries:
-            for value in entry.feeds:
-                name = value.name
-                if name in converted and is_python(converted[name]):
-                    elem = declared(value)[0]
-                    want = tensor_dtype(elem, f"input '{name}'") if elem else None
-                    converted[name] = from_python(entry.where, name, converted[name], want)
-        return converted
-
-    def _checked_feeds(self, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Every entry's feeds, all checked before any is used.
-
-        Per feed signature (traced once, not run): the class count of each loss
-        node whose labels are a feed, against which the labels are checked on
-        every call. That each update keeps its initializer's shape and dtype is
-        checked while the step is traced, before it runs.
-        """
-        inputs = self._from_python(inputs)
-        all_feeds = self._all_feeds(inputs)
-        for entry, feeds in zip(self._entries, all_feeds, strict=True):
-            if entry.targets:
-                key = (id(entry), tuple((n, v.shape, str(v.dtype)) for n, v in feeds.items()))
-                if key not in self._classes:
-                    state = {n: abstract(self._state[n]) for n in entry.reads}
-                    with step_key(jax.random.key(0), "the Session"):  # shapes only
-                        self._classes[key] = entry.classes(state, feeds)
-                entry.check_targets(inputs, self._classes[key])
-        return all_feeds
 
     def _step_all(
         self,
@@ -604,101 +357,3 @@ class Session:
         for entry_checks in run_checks:
             raise_failed(entry_checks)
         return {n: np.asarray(v) for n, v in reported.items()}
-
-    def run(
-        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        """The inference graph's ``outputs`` (default: all) with the current initializers.
-
-        Only the nodes those outputs need run, compiled once per set of
-        outputs and feed signature: the current initializers are arguments of
-        the compiled function, not constants in it, so a :meth:`step` between
-        two runs needs no new compilation. The feeds those outputs need are
-        checked as the graph declares them (names, dtypes, shapes); others
-        are ignored. Runs on JAX's default device, or with ``devices=`` on the
-        session's devices, reading the weights in their layout there.
-        """
-        if outputs is not None and (
-            isinstance(outputs, str)
-            or not isinstance(outputs, Sequence)
-            or not all(isinstance(n, str) for n in outputs)
-        ):
-            raise TypeError(f"outputs must be a list of output names or None; got {outputs!r}")
-        names = (
-            tuple(o.name for o in self._model.graph.output) if outputs is None else tuple(outputs)
-        )
-        inference = self._inference.get(names)
-        if inference is None:
-            inference = Inference(self._model, self._dtypes, names, switched_off(self._model.graph))
-            self._inference[names] = inference
-        feeds = check_feeds(
-            "Session.run", f"the graph of outputs {list(names)}", inference.feeds, inputs, {}
-        )
-        values = inference.function({**feeds, **{n: self._state[n] for n in inference.state}})
-        return dict(zip(inference.function.output_names, values, strict=True))
-
-    def _with_state(self, strip: bool) -> onnx.ModelProto:
-        model = onnx.ModelProto()
-        model.CopyFrom(self._model)  # the bound initializers hold no data there
-        if strip:
-            strip_training(model)
-            off = switched_off(model.graph)  # Dropout in inference mode
-            for init in model.graph.initializer:
-                if init.name in off:
-                    init.CopyFrom(off[init.name])
-        for init in model.graph.initializer:
-            if init.name in self._state:
-                init.CopyFrom(numpy_helper.from_array(self._current(init.name), init.name))
-        if strip:  # float32 master weights back to the dtype the inference graph reads
-            fold_casts(model, self._state)
-        return model
-
-    def to_model(self) -> onnx.ModelProto:
-        """The model with the same graphs and every bound initializer's current value.
-
-        protobuf cannot serialize a model above 2 GiB: :meth:`save` writes one
-        with external data.
-        """
-        return self._with_state(strip=False)
-
-    def to_inference_model(self) -> onnx.ModelProto:
-        """The inference graph with the current weights, and nothing of the training.
-
-        No ``training_info``, no optimizer state or T, no local function or
-        opset import only the training used; the weights are bit-identical to
-        :attr:`initializers`.
-        """
-        return self._with_state(strip=True)
-
-    def save(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        external_data: bool | None = None,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        """Writes :meth:`to_model` to ``path``; ``Session(path)`` resumes bit-identically.
-
-        Args:
-          path: the ``.onnx`` file to write (its folder must exist).
-          external_data: write every tensor of 1 KiB or more to
-            ``<file name>.data`` beside it, as ONNX external data. None (the
-            default) does so when the model would exceed protobuf's 2 GiB
-            limit; False refuses such a model with a ValueError.
-          metadata: entries to set in the saved model's ``metadata_props``
-            (replacing those of the same key; the session's model is unchanged).
-
-        Each file is written new in the folder and renamed into place (the
-        data file first): a symbolic link at ``path`` or at its ``.data`` file
-        is replaced, its target never written; a failure leaves the previous
-        files as they were. A ``path`` that is a folder is a ValueError.
-        """
-        model = onnx.ModelProto()
-        model.CopyFrom(self._model)  # the bound initializers hold no data there
-        if metadata:
-            kept = [(p.key, p.value) for p in model.metadata_props if p.key not in metadata]
-            del model.metadata_props[:]
-            for key, value in [*kept, *metadata.items()]:
-                model.metadata_props.add(key=str(key), value=str(value))
-        arrays = {n: functools.partial(self._current, n) for n in self._state}
-        save_model(model, path, external_data, arrays)
