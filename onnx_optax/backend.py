@@ -44,7 +44,13 @@ try:
 except ImportError as _error:
     raise missing_extra("onnx_optax.backend", "onnx", _error) from _error
 
-from onnx_optax._src.graph import GraphFunction, node_graph, refuse_undefined_types, supported_ops
+from onnx_optax._src.graph import (
+    GraphFunction,
+    graph_function,
+    node_graph,
+    refuse_undefined_types,
+    supported_ops,
+)
 from onnx_optax._src.graph.load import (
     DEFAULT_LIMITS,
     Limits,
@@ -120,6 +126,12 @@ class OnnxOptaxRep(BackendRep):
     def input_names(self) -> tuple[str, ...]:
         """The graph inputs to feed (initializers excluded), in order."""
         return self.graph.input_names
+
+    def function(self) -> tuple[Any, dict[str, Any]]:
+        """The graph as a pure function: ``(apply, params)``, ``apply(params, inputs)`` its
+        outputs in order from the inputs fed by name and the float initializers by name
+        (jit it, differentiate it with respect to them); ``params`` the model's values."""
+        return graph_function(self.graph)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         del kwargs
