@@ -4,7 +4,7 @@ what JAX holds exactly), outputs given back in their declared types.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -12,14 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
-from onnx_optax._src.onnx_nodes import (
-    describe,
-)
+from onnx_optax._src.onnx_nodes import describe, listed
 from onnx_optax._src.onnx_tensors import (
     STRINGS_ADVICE,
     refuse_narrowing,
     tensor_dtype,
 )
+from onnx_optax._src.ops.sequence import feed_value
 
 
 def as_array(what: str, value: Any) -> np.ndarray:
@@ -159,3 +158,43 @@ def declared_output(name: str, out: Any, dtype: np.dtype | None, kind: str | Non
         "onnx_optax does not convert outputs (fix the declared type, or enable 64-bit JAX "
         "for double outputs)"
     )
+
+
+def refuse_unknown(
+    inputs: Mapping[str, Any], input_names: Sequence[str], initializer_inputs: Container[str]
+) -> None:
+    """Refuses feeds the graph does not take, instead of silently dropping them."""
+    unknown = [name for name in inputs if name not in input_names]
+    overriding = [name for name in unknown if name in initializer_inputs]
+    others = [name for name in unknown if name not in initializer_inputs]
+    reasons = []
+    if overriding:
+        reasons.append(
+            f"input(s) {listed(overriding)} name initializers that are also graph inputs: "
+            "onnx_optax runs the graph with the initializers' values and does not let a "
+            "feed override them (onnxruntime does); write the value into the model's "
+            "initializer instead"
+        )
+    if others:
+        reasons.append(f"unknown input(s) {listed(others)}")
+    raise ValueError(f"{'; '.join(reasons)}; the graph takes {listed(input_names)}")
+
+
+def feed(
+    name: str, value: Any, value_types: Mapping[str, Any], input_types: Mapping[str, Any]
+) -> Any:
+    """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them),
+    a tensor checked against its declared type (:func:`refuse_unlike_declared`)."""
+    kind = value_types.get(name)
+    if kind is not None:
+        return feed_value(f"input '{name}'", value, kind, feed_tensor)
+    what = f"input '{name}'"
+    declared = input_types.get(name)
+    if declared is None:
+        return feed_tensor(what, value)
+    # The declared type first (a float64 fed for float32 is that, not a want of x64),
+    # unless no tensor XLA computes is fed (strings, objects): feed_tensor says so.
+    tensor = value if isinstance(value, jax.Array) else as_array(what, value)
+    if np.dtype(tensor.dtype).kind not in "OSU":  # ml_dtypes' (bfloat16, ...) are "V"
+        refuse_unlike_declared(what, tensor, declared)
+    return feed_tensor(what, tensor)

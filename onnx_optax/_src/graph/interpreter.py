@@ -82,6 +82,9 @@ class GraphFunction(Runner):
     compiles. A caller that traces the graph inside its own function (a training step)
     turns it off. ``scope`` and ``depth``
     are a subgraph's: the enclosing graphs' names it may read, and how many enclose it.
+    ``passes``: the names of the graph passes to apply (default: all of
+    :data:`~onnx_optax._src.graph.passes.PASS_NAMES`, today's pipeline); a test switches
+    one off by leaving its name out (its subgraphs get the same).
     """
 
     def __init__(
@@ -295,17 +298,7 @@ class GraphFunction(Runner):
         return tuple(dtypes)
 
     def transposes_of(self, names: Sequence[str]) -> tuple[tuple[int, ...] | None, ...]:
-        """Per name, the perm of the ai.onnx Transpose node of this graph computing it (()
-        for the default perm), else None (see ``Node.input_perms``)."""
-        perms: list[tuple[int, ...] | None] = []
-        for name in names:
-            node = self.edges.made_by(name, "Transpose")
-            if node is None:
-                perms.append(None)
-                continue
-            perm = next((a for a in node.attribute if a.name == "perm"), None)
-            perms.append(() if perm is None else tuple(int(i) for i in perm.ints))
-        return tuple(perms)
+        return self.edges.transposes_of(names)
 
     # -- running
 

@@ -12,11 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.graph.feeds import (
-    as_array,
     declared_output,
-    feed_tensor,
+    feed,
     host_array,
-    refuse_unlike_declared,
+    refuse_unknown,
 )
 from onnx_optax._src.graph.jit import SizedJit, abstract, is_default, jit_graph, paused_gc
 from onnx_optax._src.graph.packing import (
@@ -43,7 +42,7 @@ from onnx_optax._src.ops import (
     is_static,
     raise_failed,
 )
-from onnx_optax._src.ops.sequence import feed_value, host_value
+from onnx_optax._src.ops.sequence import host_value
 
 # Constants computed once per device hold at least this many bytes, or they are
 # computed in the graph on each run (see Runner._constants_function).
@@ -229,7 +228,7 @@ class Runner:
                     f"{listed(self.input_names)}"
                 )
             if len(inputs) != len(self.input_names):
-                self._refuse_unknown(inputs)
+                refuse_unknown(inputs, self.input_names, self._initializer_inputs)
             values = [inputs[name] for name in self.input_names]
         else:
             values = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
@@ -241,7 +240,7 @@ class Runner:
         named = dict(zip(self.input_names, values, strict=True))
         # Read as shapes, in numpy: int64 stays exact (INT64_MAX as "to the end").
         fixed = {n: np.asarray(named.pop(n)) for n in self.static_inputs}
-        feeds = {n: self._feed(n, v) for n, v in named.items()}
+        feeds = {n: feed(n, v, self.value_types, self.input_types) for n, v in named.items()}
         layout, buffers, own = pack(feeds, self._packable)
         if device not in self._device_params:  # on the device once, for every run
             _, host_buffers, host_own = self._host_params()
@@ -280,40 +279,6 @@ class Runner:
                 self.output_names, self.output_dtypes, self.output_kinds, strict=True
             )
         ]
-
-    def _refuse_unknown(self, inputs: Mapping[str, Any]) -> None:
-        """Refuses feeds the graph does not take, instead of silently dropping them."""
-        unknown = [name for name in inputs if name not in self._inputs]
-        overriding = [name for name in unknown if name in self._initializer_inputs]
-        others = [name for name in unknown if name not in self._initializer_inputs]
-        reasons = []
-        if overriding:
-            reasons.append(
-                f"input(s) {listed(overriding)} name initializers that are also graph inputs: "
-                "onnx_optax runs the graph with the initializers' values and does not let a "
-                "feed override them (onnxruntime does); write the value into the model's "
-                "initializer instead"
-            )
-        if others:
-            reasons.append(f"unknown input(s) {listed(others)}")
-        raise ValueError(f"{'; '.join(reasons)}; the graph takes {listed(self.input_names)}")
-
-    def _feed(self, name: str, value: Any) -> Any:
-        """A fed value as the compiled graph takes it (a sequence: a TensorSeq of them),
-        a tensor checked against its declared type (:func:`refuse_unlike_declared`)."""
-        kind = self.value_types.get(name)
-        if kind is not None:
-            return feed_value(f"input '{name}'", value, kind, feed_tensor)
-        what = f"input '{name}'"
-        declared = self.input_types.get(name)
-        if declared is None:
-            return feed_tensor(what, value)
-        # The declared type first (a float64 fed for float32 is that, not a want of x64),
-        # unless no tensor XLA computes is fed (strings, objects): feed_tensor says so.
-        tensor = value if isinstance(value, jax.Array) else as_array(what, value)
-        if np.dtype(tensor.dtype).kind not in "OSU":  # ml_dtypes' (bfloat16, ...) are "V"
-            refuse_unlike_declared(what, tensor, declared)
-        return feed_tensor(what, tensor)
 
     def _host_params(self) -> tuple[Layout, list[np.ndarray], dict[str, np.ndarray]]:
         """The float initializers, checked and packed on the host once (see ``pack``)."""

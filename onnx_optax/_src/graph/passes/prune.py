@@ -127,6 +127,19 @@ class Dependencies:
             return None
         return node
 
+    def transposes_of(self, names: Sequence[str]) -> tuple[tuple[int, ...] | None, ...]:
+        """Per name, the perm of the ai.onnx Transpose node of this graph computing it (()
+        for the default perm), else None (see ``Node.input_perms``)."""
+        perms: list[tuple[int, ...] | None] = []
+        for name in names:
+            node = self.made_by(name, "Transpose")
+            if node is None:
+                perms.append(None)
+                continue
+            perm = next((a for a in node.attribute if a.name == "perm"), None)
+            perms.append(() if perm is None else tuple(int(i) for i in perm.ints))
+        return tuple(perms)
+
     @functools.cached_property
     def differentiated(self) -> frozenset[str]:
         """The names a Gradient node of this graph differentiates with respect to (its
