@@ -20,6 +20,7 @@ import pytest
 
 import onnx_optax
 from onnx_optax import cli, ops
+from onnx_optax.cli import attach as attach_command
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -337,7 +338,7 @@ def test_the_cli_defaults_are_the_factories() -> None:
 
     for optimizer in ("adagrad", "adam"):
         parameters = inspect.signature(getattr(onnx_optax, optimizer)).parameters
-        for name, value in cli.HYPERPARAMETERS[optimizer].items():
+        for name, value in attach_command.HYPERPARAMETERS[optimizer].items():
             assert parameters[name].default == value, (optimizer, name)
 
 

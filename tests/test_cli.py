@@ -12,6 +12,7 @@ import pytest
 
 import onnx_optax
 from onnx_optax import cli
+from onnx_optax.cli import bench
 
 OPTIMIZERS = ("adagrad", "adam", "momentum", "nesterov")
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
@@ -188,14 +189,14 @@ def test_bench_output_to_a_missing_folder_exits_2(tmp_path: pathlib.Path) -> Non
 def test_bench_outside_a_checkout_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "find_benchmark", lambda: None)
+    monkeypatch.setattr(bench, "find_benchmark", lambda: None)
     assert cli.main(["bench", "--quick"]) == 2
     assert "run onnx-optax bench from a clone" in capsys.readouterr().err
 
 
 def test_bench_finds_the_harness_of_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPOSITORY)  # found next to the package source, or else in the cwd
-    path = cli.find_benchmark()
+    path = bench.find_benchmark()
     assert path is not None and path.name == "optimizer_step.py"
 
 
@@ -210,12 +211,12 @@ def test_bench_runs_no_harness_of_a_folder_that_is_not_a_clone(
     monkeypatch.chdir(tmp_path)
     # The package's own source has no harness beside it (an installed wheel).
     monkeypatch.setattr(cli.onnx_optax, "__file__", str(tmp_path / "site" / "onnx_optax" / "x.py"))
-    assert cli.find_benchmark() is None
+    assert bench.find_benchmark() is None
     for text in ("", "[project]\nname = 'other'\n", "[project\n", "\xff"):
         (tmp_path / "pyproject.toml").write_text(text, encoding="latin-1")
-        assert cli.find_benchmark() is None, text
+        assert bench.find_benchmark() is None, text
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'onnx-optax'\n")
-    assert cli.find_benchmark() == harness
+    assert bench.find_benchmark() == harness
 
 
 # ----------------------------------------------------------------------------- attach, check, train

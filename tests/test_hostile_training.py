@@ -507,7 +507,7 @@ def test_a_log_that_is_a_link_or_too_large_is_exit_2(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from onnx_optax._src import trainer
+    from onnx_optax.cli import train_log
 
     outside = tmp_path / "outside.jsonl"
     outside.write_text(_JSONL)
@@ -517,7 +517,7 @@ def test_a_log_that_is_a_link_or_too_large_is_exit_2(
     _refused(status, lines, "the log", "symbolic link")
     (tmp_path / "l.jsonl").unlink()
     (tmp_path / "l.jsonl").write_text(_JSONL)
-    monkeypatch.setattr(trainer, "MAX_LOG_BYTES", 60)
+    monkeypatch.setattr(train_log, "MAX_LOG_BYTES", 60)
     status, lines = _train_on(saved, tmp_path, capsys, _edited(saved, goal=5), *args)
     _refused(status, lines, "the log", "more than the 60 bytes")
 
@@ -566,7 +566,7 @@ def test_whatever_a_command_raises_is_exit_2_and_one_line(
     error: Exception,
 ) -> None:
     """Even where no check foresaw it (in Loop._epoch, before the loop's own error handling)."""
-    from onnx_optax._src import trainer
+    from onnx_optax.cli import trainer
 
     def fail(self: object) -> None:
         raise error
@@ -588,7 +588,7 @@ def test_an_interrupt_keeps_its_exit_status(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from onnx_optax._src import trainer
+    from onnx_optax.cli import trainer
 
     def interrupt(self: object) -> None:
         raise KeyboardInterrupt
@@ -669,7 +669,7 @@ def test_an_unforeseen_error_mid_run_keeps_the_steps_before_it(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from onnx_optax._src import trainer
+    from onnx_optax.cli import trainer
 
     report = trainer.Loop._report
 

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnx_optax  # noqa: E402
 from onnx_optax import cli, training  # noqa: E402
-from onnx_optax._src import trainer  # noqa: E402
+from onnx_optax.cli import common, curves  # noqa: E402
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
@@ -236,7 +236,7 @@ def _weights(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _position(path: pathlib.Path) -> dict[str, Any]:
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    position: dict[str, Any] = json.loads(props[trainer.POSITION_KEY])
+    position: dict[str, Any] = json.loads(props[common.POSITION_KEY])
     return position
 
 
@@ -347,8 +347,8 @@ def test_the_log_and_the_plot(files: pathlib.Path, capsys: pytest.CaptureFixture
     seconds = [r["seconds"] for r in lines]
     assert seconds == sorted(seconds)
     assert (files / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert trainer.log_scale([3.0, 0.01]) and not trainer.log_scale([3.0, 0.1])
-    assert not trainer.log_scale([1.0, -0.5, 1e-5])  # a loss below 0: linear
+    assert curves.log_scale([3.0, 0.01]) and not curves.log_scale([3.0, 0.1])
+    assert not curves.log_scale([1.0, -0.5, 1e-5])  # a loss below 0: linear
 
 
 def _softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:

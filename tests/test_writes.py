@@ -21,7 +21,8 @@ import pytest
 pytest.importorskip("onnx")
 
 from onnx_optax import backend, cli, training
-from onnx_optax._src import demo, npz, write
+from onnx_optax._src import npz, write
+from onnx_optax.cli import demo
 from onnx_optax.training import _export
 from tests.test_cli import _inference_model, _npz
 from tests.test_session import assert_same, data, trained

@@ -4,11 +4,13 @@ Runs the seven ONNX backend node cases through :mod:`onnx_optax.backend`, then a
 randomized differential test against ``onnx.reference.ReferenceEvaluator``
 (T > 0, non-zero decay, norm_coefficient and norm_coefficient_post, float32 and
 float64, several tensors), and prints one row per case: the largest absolute
-and (normwise) relative error, the tolerance and pass/fail.
+and (normwise) relative error, the tolerance and pass/fail. The command's options
+are :func:`add_parser`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import warnings
@@ -17,7 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from onnx_optax._src.extras import require
 from onnx_optax._src.registry import OPTIMIZERS
+from onnx_optax.cli.common import Commands, UsageError
 
 DOMAIN = "ai.onnx.preview.training"
 NODE_CASES = (
@@ -240,3 +244,37 @@ def run_conformance(seed: int = 0, rounds: int = 3, long: bool = False) -> int:
         return 1
     print(f"all {len(rows)} cases pass")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``onnx-optax conformance``: its options checked (and the onnx extra), then the table."""
+    if args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    require("onnx-optax conformance", "onnx", "onnx", "onnx.reference")
+    return run_conformance(seed=args.seed, rounds=args.rounds, long=args.long)
+
+
+def add_parser(commands: Commands) -> None:
+    """Adds ``conformance`` and its options to ``commands``."""
+    conformance = commands.add_parser(
+        "conformance",
+        help="check onnx_optax against the ONNX node cases and onnx.reference on this device",
+        description="Run the seven ONNX backend node cases and a randomized differential test "
+        "against onnx.reference (T > 0, decay and both norm coefficients non-zero, float32 and "
+        "float64, several tensors) on the device JAX sees; print a table of errors and exit 1 if "
+        "any case fails. Needs the onnx extra.",
+    )
+    conformance.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    conformance.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="random cases per operator and dtype (default: 3)",
+    )
+    conformance.add_argument(
+        "--long",
+        action="store_true",
+        help="50 random cases per operator and dtype, attributes over their whole valid range "
+        "and T up to 2**31-1 (a few minutes); for a new device or JAX version",
+    )
+    conformance.set_defaults(run=run)

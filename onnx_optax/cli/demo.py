@@ -6,10 +6,13 @@ built-ins, prints one line per epoch while it trains, then a table (test
 accuracy, final loss, time a step) and writes a PNG of the loss curves. The
 digits data set (1,797 8x8 images) ships with scikit-learn: nothing is
 downloaded. Needs the ``examples`` extra.
+
+The command's options are :func:`add_parser`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 import sys
@@ -25,6 +28,7 @@ from jax.typing import ArrayLike
 import onnx_optax
 from onnx_optax._src.extras import require
 from onnx_optax._src.write import write_file
+from onnx_optax.cli.common import Commands, UsageError, writable_file
 
 BATCH = 64
 
@@ -206,3 +210,37 @@ def run_demo(epochs: int, seed: int, output: str | None) -> int:
             return 2
         print(f"\nwrote the loss curves to {output}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``onnx-optax demo``: its options checked (and the examples extra), then the demo."""
+    if args.epochs < 1:
+        raise UsageError("--epochs must be at least 1")
+    if args.output:
+        writable_file(args.output, "the plot")
+    require("onnx-optax demo", "examples", "flax", "sklearn", "matplotlib")
+    return run_demo(epochs=args.epochs, seed=args.seed, output=args.output)
+
+
+def add_parser(commands: Commands) -> None:
+    """Adds ``demo`` and its options to ``commands``."""
+    demo = commands.add_parser(
+        "demo",
+        help="train a Flax MLP on scikit-learn digits with each ONNX optimizer",
+        description="Train the same 64-64-10 Flax NNX MLP on scikit-learn's bundled digits "
+        "(nothing is downloaded) with onnx_optax's adagrad, adam, momentum and nesterov and "
+        "with optax's nearest built-ins; print the loss while training, then a table of test "
+        "accuracy, final loss and time a step, and write a PNG of the loss curves. Needs the "
+        "examples extra.",
+    )
+    demo.add_argument("--epochs", type=int, default=30, help="training epochs (default: 30)")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the data split, init and batches (default: 0)"
+    )
+    demo.add_argument(
+        "--output",
+        default="onnx-optax-demo.png",
+        help="PNG file for the loss curves (default: onnx-optax-demo.png); '' to skip; its "
+        "folder must exist",
+    )
+    demo.set_defaults(run=run)
