@@ -5,7 +5,7 @@ what JAX holds exactly), outputs given back in their declared types.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -198,3 +198,39 @@ def feed(
     if np.dtype(tensor.dtype).kind not in "OSU":  # ml_dtypes' (bfloat16, ...) are "V"
         refuse_unlike_declared(what, tensor, declared)
     return feed_tensor(what, tensor)
+
+
+class Declared(NamedTuple):
+    """What a graph declares of the values at its edge (see :func:`declared_types`)."""
+
+    value_types: dict[str, Any]  # inputs of sequence or optional type: their TypeProto
+    input_types: dict[str, Any]  # tensor inputs: the TypeProto.Tensor each feed must match
+    output_dtypes: tuple[np.dtype | None, ...]  # per output: its declared dtype, else None
+    output_kinds: tuple[str | None, ...]  # per output: tensor_type, sequence_type, ... or None
+
+
+def declared_types(graph: Any, inputs: Container[str], output_names: Sequence[str]) -> Declared:
+    """The declared types of the graph inputs fed (``inputs``) and of the outputs named."""
+    declared = {
+        o.name: tensor_type(o.type).elem_type for o in graph.output if tensor_type(o.type).elem_type
+    }
+    # Graph inputs of sequence or optional type, fed as lists or None (see feed).
+    value_types = {
+        i.name: i.type
+        for i in graph.input
+        if i.name in inputs and i.type.WhichOneof("value") in ("sequence_type", "optional_type")
+    }
+    output_dtypes = tuple(
+        tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
+        for n in output_names
+    )
+    # Each output's declared kind (tensor_type, sequence_type, ...; None: undeclared).
+    kinds = {o.name: o.type.WhichOneof("value") for o in graph.output}
+    output_kinds = tuple(kinds.get(n) for n in output_names)
+    # Tensor inputs' declared types, which each feed must match (see feed).
+    input_types = {
+        i.name: i.type.tensor_type
+        for i in graph.input
+        if i.name in inputs and i.type.WhichOneof("value") == "tensor_type"
+    }
+    return Declared(value_types, input_types, output_dtypes, output_kinds)

@@ -2,8 +2,11 @@
 
 :class:`GraphFunction` checks a ``GraphProto`` once (every needed node
 supported, attributes typed, names defined, no cycle), keeps only the nodes the
-requested outputs need, orders them and evaluates them in one function of the
-graph inputs and the float initializers, jitted once per input signature.
+requested outputs need and orders them (:mod:`.passes.prune`), lowers each to a
+step (:mod:`.steps`), lets the graph passes rewrite the steps (:mod:`.passes`: a
+list, applied stage by stage) and evaluates them in one function of the graph
+inputs and the float initializers (:meth:`GraphFunction.apply`), which
+:class:`~.run.Runner` jits once per input signature (``__call__``).
 
 ``Gradient`` (``ai.onnx.preview.training``): its ``y`` is named by an attribute,
 not an edge, so its dependencies are its inputs plus whatever the nodes computing
@@ -32,7 +35,7 @@ import jax
 import numpy as np
 
 from onnx_optax._src.graph.errors import PROMISED, too_much_work, unsupported_error, wrap
-from onnx_optax._src.graph.feeds import refuse_strings, tensor_type
+from onnx_optax._src.graph.feeds import declared_types, refuse_strings
 from onnx_optax._src.graph.jit import paused_gc
 from onnx_optax._src.graph.nodes import graph_attributes
 from onnx_optax._src.graph.packing import materialize
@@ -129,7 +132,9 @@ class GraphFunction(Runner):
         if any(not is_supported(nodes[i]) for i in needed):
             raise unsupported_error(nodes, self.opsets)
         refuse_strings(graph, [nodes[i] for i in sorted(needed)])
-        self._declare(graph)
+        self._inputs = frozenset(self.input_names)  # membership: a set, not the tuple
+        declared = declared_types(graph, self._inputs, self.output_names)
+        self.value_types, self.input_types, self.output_dtypes, self.output_kinds = declared
         self._lower(needed)
         # Only the initializers the outputs need are read: an unused one may be huge.
         read = {*self.output_names, *(name for i in needed for name in self.edges.deps(i))}
@@ -156,35 +161,6 @@ class GraphFunction(Runner):
             self.check_declared_shapes(graph)
 
     # -- structure
-
-    def _declare(self, graph: Any) -> None:
-        """The declared types of the inputs fed and of the outputs."""
-        declared = {
-            o.name: tensor_type(o.type).elem_type
-            for o in graph.output
-            if tensor_type(o.type).elem_type
-        }
-        # Graph inputs of sequence or optional type, fed as lists or None (see _feed).
-        self._inputs = frozenset(self.input_names)  # membership: a set, not the tuple
-        self.value_types = {
-            i.name: i.type
-            for i in graph.input
-            if i.name in self._inputs
-            and i.type.WhichOneof("value") in ("sequence_type", "optional_type")
-        }
-        self.output_dtypes = tuple(
-            tensor_dtype(declared[n], f"graph output '{n}'") if n in declared else None
-            for n in self.output_names
-        )
-        # Each output's declared kind (tensor_type, sequence_type, ...; None: undeclared).
-        kinds = {o.name: o.type.WhichOneof("value") for o in graph.output}
-        self.output_kinds = tuple(kinds.get(n) for n in self.output_names)
-        # Tensor inputs' declared types, which each feed must match (see _feed).
-        self.input_types = {
-            i.name: i.type.tensor_type
-            for i in graph.input
-            if i.name in self._inputs and i.type.WhichOneof("value") == "tensor_type"
-        }
 
     def _lower(self, needed: set[int]) -> None:
         """The needed nodes as steps, in an order that runs, and the schedule the passes

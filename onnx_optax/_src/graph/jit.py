@@ -102,7 +102,7 @@ SMALL_GRAPH_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
 
 
 class SizedJit:
-    """A graph's run (``GraphFunction._compiled``'s ``run(buffers, own, p_buffers,
+    """A graph's run (``Runner._compiled``'s ``run(buffers, own, p_buffers,
     p_own)``) jitted as ``jit_graph`` does, and on the CPU compiled with
     SMALL_GRAPH_OPTIONS added for each shape of its arguments where none of the values it
     computes exceeds SMALL_GRAPH_BYTES. The choice reads the trace that the compilation
