@@ -17,6 +17,7 @@ from onnx_optax._src.onnx_nodes import DOMAIN, attribute_type_error, describe, r
 from onnx_optax._src.onnx_tensors import tensor_dtype, utf8
 from onnx_optax._src.registry import OPERATORS
 from onnx_optax.training._combined import Entry, MainGraph
+from onnx_optax.training._kinds import NEVER, WEIGHT, Kinds
 from onnx_optax.training._model import (
     abstract,
     as_model,
@@ -25,7 +26,6 @@ from onnx_optax.training._model import (
     opsets,
     read_initializers,
 )
-from onnx_optax.training._plan import NEVER, WEIGHT, Kinds
 
 
 def _binding_problems(

@@ -1,19 +1,22 @@
-"""A training model's parts: loading, fresh names, declared types, what the bindings write."""
+"""A training model's parts: loading, fresh names, declared types, what the bindings write,
+the names a node reads and a view of a graph's fields."""
 
 from __future__ import annotations
 
 import os
 import warnings
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, version_converter
 
+from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.graph.load import load_model
-from onnx_optax._src.onnx_tensors import read_tensor
+from onnx_optax._src.onnx_nodes import DOMAIN, describe
+from onnx_optax._src.onnx_tensors import read_tensor, utf8
 
 
 class TrainingModelError(ValueError):
@@ -131,8 +134,6 @@ def with_opset(model: onnx.ModelProto, needed: int) -> onnx.ModelProto:
             stacklevel=3,
         )
         return result
-    from onnx import version_converter
-
     try:
         result = version_converter.convert_version(model, needed)
         onnx.checker.check_model(result)
@@ -208,3 +209,29 @@ def copy_model(model: onnx.ModelProto, hollow: Collection[str] = ()) -> onnx.Mod
         else:
             result.graph.initializer.add().CopyFrom(init)
     return result
+
+
+class View(NamedTuple):
+    """The fields of a ``GraphProto`` that :class:`GraphFunction` reads, without copying nodes."""
+
+    name: str
+    node: Sequence[onnx.NodeProto]
+    input: Sequence[onnx.ValueInfoProto]
+    output: Sequence[onnx.ValueInfoProto]
+    initializer: Sequence[onnx.TensorProto]
+    value_info: Sequence[onnx.ValueInfoProto]
+
+
+def reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs and, for Gradient, its y, xs and zs."""
+    names = [n for n in node.input if n]
+    if node.op_type == GRADIENT and node.domain == DOMAIN:
+        for attribute in node.attribute:
+            if attribute.name == "y" and attribute.type == onnx.AttributeProto.STRING:
+                names.append(utf8(attribute.s, f"{describe(node)}: attribute 'y'"))
+            elif attribute.name in ("xs", "zs"):
+                names += [
+                    utf8(v, f"{describe(node)}: attribute '{attribute.name}'")
+                    for v in attribute.strings
+                ]
+    return names

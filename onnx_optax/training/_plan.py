@@ -58,68 +58,17 @@ from onnx import helper, numpy_helper
 
 from onnx_optax._src.onnx_nodes import LISTED, describe, listed, shown
 from onnx_optax._src.onnx_tensors import read_tensor
-from onnx_optax._src.ops import OPS, STANDARD_DOMAINS
+from onnx_optax.training._kinds import (
+    NEVER,
+    WEIGHT,
+    UseGraph,
+    constant_value,
+    kind_of,
+    standard_op,
+    stored_names,
+)
 from onnx_optax.training._model import as_model
 
-# The kinds, in the order of precedence when uses disagree (a weight use wins).
-WEIGHT = "weight"
-KINDS = (
-    WEIGHT,
-    "exporter constant",
-    "hyperparameter",
-    "preprocessing",
-    "non-finite",
-    "statistic",
-    "shape",
-    "integer",
-    "unreached",
-)
-# Kinds never trained, even when named in trainable=: a gradient step would corrupt them.
-NEVER = ("statistic", "shape", "integer")
-
-# Ops whose input 0 passes its value on (unchanged, converted or reshaped).
-PASS_THROUGH = frozenset(
-    ("Identity", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
-) | frozenset(("Transpose", "Expand"))
-# Input positions that hold parameters (None: every position).
-WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
-    "Conv": (1, 2),
-    "ConvTranspose": (1, 2),
-    "Gemm": (0, 1, 2),
-    "MatMul": (0, 1),
-    "Einsum": None,
-    "PRelu": (1,),
-    "BatchNormalization": (1, 2),
-    "InstanceNormalization": (1, 2),
-    "LayerNormalization": (1, 2),
-    "GroupNormalization": (1, 2),
-    "RMSNormalization": (1,),
-    "Gather": (0,),
-    "LSTM": (1, 2, 3, 7),
-    "GRU": (1, 2, 3),
-    "RNN": (1, 2, 3),
-}
-# Ops whose output an Add turns into "x W + b": that Add's other input is a bias.
-PRODUCES_LINEAR = frozenset(("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"))
-STATISTICS = {"BatchNormalization": {3: "running mean", 4: "running variance"}}
-# Input positions that hold settings, in words (None: every position).
-HYPERPARAMETERS: dict[str, tuple[tuple[int, ...] | None, str]] = {
-    "Pow": ((1,), "the exponent"),
-    "Clip": ((1, 2), "a bound"),
-    "Max": (None, "an operand"),
-    "Min": (None, "an operand"),
-    "Equal": (None, "a side of the comparison"),
-    "Less": (None, "a side of the comparison"),
-    "LessOrEqual": (None, "a side of the comparison"),
-    "Greater": (None, "a side of the comparison"),
-    "GreaterOrEqual": (None, "a side of the comparison"),
-    "Where": ((1, 2), "a value"),
-    "Div": ((1,), "the divisor"),
-    "Mod": ((1,), "the divisor"),
-    "Dropout": ((1,), "the ratio"),
-    "Pad": ((2,), "the padding value"),
-}
-ELEMENTWISE = frozenset(("Add", "Sub", "Mul", "Div"))
 # ai.onnx.ml ops that keep their weights in attributes, which no gradient reaches.
 ATTRIBUTE_WEIGHTS = {
     "LinearClassifier": ("coefficients", "intercepts"),
@@ -191,206 +140,6 @@ class Plan:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- the graph's uses
-
-
-@dataclasses.dataclass
-class _Graph:
-    """The consumers and producers of every tensor name of a list of standard nodes."""
-
-    nodes: Sequence[onnx.NodeProto]
-    inputs: frozenset[str]  # graph inputs that are fed (not initializers)
-    outputs: frozenset[str]
-    stored: frozenset[str]  # initializers and Constant outputs
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = dataclasses.field(default_factory=dict)
-    producer: dict[str, onnx.NodeProto] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for node in self.nodes:
-            for position, name in enumerate(node.input):
-                if name:
-                    self.consumers.setdefault(name, []).append((node, position))
-            for name in node.output:
-                self.producer[name] = node
-        # A name read inside a subgraph (a Loop body reading W) is used as its reader
-        # there uses it; the node holding the subgraph reads it (see reached).
-        todo = [inner for node in self.nodes for inner in _inner_nodes(node)]
-        while todo:
-            inner = todo.pop()
-            if _op(inner) is None:
-                continue
-            for position, name in enumerate(inner.input):
-                if name:
-                    self.consumers.setdefault(name, []).append((inner, position))
-            todo += _inner_nodes(inner)
-
-    def source(self, name: str) -> tuple[str, onnx.NodeProto | None]:
-        """Where ``name``'s value comes from, looking back through pass-through ops."""
-        seen = set()
-        while name not in seen:
-            seen.add(name)
-            node = self.producer.get(name)
-            if node is None or _op(node) not in PASS_THROUGH or not node.input:
-                return name, node
-            name = node.input[0]
-        return name, None
-
-    def uses(self, name: str) -> Iterable[tuple[onnx.NodeProto | None, int]]:
-        """Each (node, input position) reading ``name`` after pass-through ops; (None, -1)
-        for a graph output.
-
-        A worklist: a chain of pass-through nodes may be long (or, malformed, a cycle).
-        """
-        todo, seen = [name], {name}
-        while todo:
-            current = todo.pop()
-            if current in self.outputs:
-                yield None, -1
-            for node, position in self.consumers.get(current, []):
-                if _op(node) in PASS_THROUGH and position == 0 and node.output:
-                    if node.output[0] not in seen:
-                        seen.add(node.output[0])
-                        todo.append(node.output[0])
-                else:
-                    yield node, position
-
-    def preprocessed_input(self, name: str) -> str | None:
-        """The graph input ``name`` is computed from by elementwise ops with stored operands.
-
-        ``(x * scale + shift) / std`` of a graph input ``x`` is input
-        preprocessing an exporter folded into the graph; None for anything else.
-        """
-        seen: set[str] = set()
-        while name not in seen:
-            seen.add(name)
-            name, node = self.source(name)
-            if name in self.inputs:
-                return name
-            if node is None or _op(node) not in ELEMENTWISE or len(node.input) != 2:
-                return None
-            stored = [self.source(n)[0] in self.stored for n in node.input]
-            if stored.count(True) != 1:
-                return None
-            name = node.input[stored.index(False)]
-        return None
-
-    def reached(self, output: str) -> set[str]:
-        """Every name the value of ``output`` depends on through data (not shapes)."""
-        found, todo = {output}, [output]
-        while todo:
-            node = self.producer.get(todo.pop())
-            if node is None or _op(node) in ("Shape", "Size"):
-                continue
-            static = OPS[node.op_type].static if _op(node) in OPS else ()
-            read = [n for p, n in enumerate(node.input) if p not in static]
-            inner_nodes = _inner_nodes(node)
-            while inner_nodes:  # what its subgraphs read (their own names find no producer)
-                inner = inner_nodes.pop()
-                read += inner.input
-                inner_nodes += _inner_nodes(inner)
-            for name in read:
-                if name and name not in found:
-                    found.add(name)
-                    todo.append(name)
-        return found
-
-
-def _inner_nodes(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """The nodes of a node's subgraphs (If's branches, Loop's and Scan's bodies)."""
-    graphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-    graphs += [g for a in node.attribute for g in a.graphs]
-    return [inner for graph in graphs for inner in graph.node]
-
-
-def _op(node: onnx.NodeProto) -> str | None:
-    """The op type of a standard node; None for any other domain."""
-    return node.op_type if node.domain in STANDARD_DOMAINS else None
-
-
-def _use(graph: _Graph, node: onnx.NodeProto | None, position: int) -> tuple[str, str]:
-    """The kind a use gives, and the use in words."""
-    if node is None:
-        return "data", "a graph output"
-    op = _op(node) or ""
-    where = f"input {position} of {describe(node)}"
-    if op in STATISTICS and position in STATISTICS[op]:
-        return "statistic", f"the {STATISTICS[op][position]} (input {position}) of {describe(node)}"
-    if op in OPS and position in OPS[op].static:
-        return "shape", f"read as a shape ({where})"
-    if op in WEIGHT_INPUTS and (WEIGHT_INPUTS[op] is None or position in (WEIGHT_INPUTS[op] or ())):
-        return WEIGHT, where
-    if op == "Add" and len(node.input) == 2:
-        _, other = graph.source(node.input[1 - position])
-        if other is not None and _op(other) in PRODUCES_LINEAR:
-            return WEIGHT, f"the bias of {describe(other)} ({where})"
-    if op in HYPERPARAMETERS:
-        positions, what = HYPERPARAMETERS[op]
-        if positions is None or position in positions:
-            return "hyperparameter", f"{what} ({where})"
-    if op in ELEMENTWISE and len(node.input) == 2:
-        fed = graph.preprocessed_input(node.input[1 - position])
-        if fed is not None:
-            return "preprocessing", f"applied to the graph input '{fed}' ({where})"
-    return "data", where
-
-
-def _kind(graph: _Graph, name: str, value: np.ndarray) -> tuple[str, str]:
-    """The kind of a stored tensor and the reason, from all its uses."""
-    if not np.issubdtype(value.dtype, np.floating):
-        return "integer", f"of dtype {value.dtype} (not a float)"
-    uses = [_use(graph, node, position) for node, position in graph.uses(name)]
-    if not uses:
-        return "unreached", "read by no node"
-    weight = next((why for kind, why in uses if kind == WEIGHT), None)
-    data = next((why for kind, why in uses if kind == "data"), None)
-    flat = value.reshape(-1)  # checked in parts: a float64 copy of a 1 GiB weight is 2 GiB
-    finite = all(
-        np.all(np.isfinite(flat[i : i + 2**20].astype(np.float64, copy=False)))
-        for i in range(0, flat.size, 2**20)
-    )
-    if not finite and (weight or data):
-        return "non-finite", "holds an infinity or a NaN"
-    if weight:
-        return WEIGHT, weight
-    if data:
-        if value.size == 1:
-            return "exporter constant", f"one element, read as data ({data})"
-        return WEIGHT, f"read as data ({data})"
-    for kind in KINDS:  # no weight or data use: the first kind a use gives
-        reasons = [why for k, why in uses if k == kind]
-        if reasons:
-            return kind, " and ".join(dict.fromkeys(reasons))
-    raise AssertionError(uses)  # every use has one of the kinds above
-
-
-# ----------------------------------------------------------------------------- candidates
-
-
-def constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The value of a standard ``Constant`` node holding a float tensor, else None."""
-    if _op(node) != "Constant" or len(node.output) != 1:
-        return None
-    for attribute in node.attribute:
-        if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
-            if attribute.t.data_type in _FLOAT_TYPES:
-                return read_tensor(attribute.t, f"{describe(node)} value")
-        elif attribute.name == "value_float" and attribute.type == onnx.AttributeProto.FLOAT:
-            return np.asarray(attribute.f, np.float32)
-        elif attribute.name == "value_floats" and attribute.type == onnx.AttributeProto.FLOATS:
-            return np.asarray(attribute.floats, np.float32)
-    return None
-
-
-_FLOAT_TYPES = frozenset(
-    (
-        onnx.TensorProto.FLOAT,
-        onnx.TensorProto.DOUBLE,
-        onnx.TensorProto.FLOAT16,
-        onnx.TensorProto.BFLOAT16,
-    )
-)
-
-
 def _names(argument: str, names: Sequence[str], known: Mapping[str, Any]) -> list[str]:
     if isinstance(names, str | bytes) or not isinstance(names, Sequence):
         raise TypeError(
@@ -439,82 +188,21 @@ def make_plan(
         raise ValueError(
             "pass trainable= (exactly these) or frozen= (every weight but these), not both"
         )
-    main = model.graph
-    stored = {i.name for i in main.initializer}
-    graph = _Graph(
-        [n for n in main.node if _op(n) is not None],
-        frozenset(i.name for i in main.input if i.name not in stored),
-        frozenset(o.name for o in main.output),
-        _stored(main),
-    )
-    reached = graph.reached(output)
-    # Each tensor is read, classified and let go: its entry keeps its shape and dtype only
-    # (a broadcast view of one element), so a model's weights are never all read at once.
-    values: dict[str, tuple[np.ndarray, str]] = {}
-    kinds: dict[str, tuple[str, str]] = {}
-
-    def classify(name: str, value: np.ndarray, source: str) -> None:
-        kind, why = _kind(graph, name, value)
-        if kind not in (*NEVER, "unreached") and name not in reached:
-            kind, why = "unreached", f"the output '{output}' does not depend on it ({why})"
-        kinds[name] = (kind, why)
-        values[name] = (np.broadcast_to(np.zeros((), value.dtype), value.shape), source)
-
-    for init in main.initializer:
-        classify(init.name, read_tensor(init, "graph initializer"), "initializer")
-    for node in main.node:
-        value = constant_value(node)
-        if value is not None and node.output[0] not in values:
-            label = f"'{node.name}'" if node.name else f"'{node.output[0]}'"
-            classify(node.output[0], value, f"Constant node {label}")
+    values, kinds = _classified(model.graph, output)
     constants = {n for n, (_, source) in values.items() if source != "initializer"}
     candidates = {n: v for n, v in values.items() if lift_constants or n not in constants}
-    weights = [n for n in candidates if kinds[n][0] == WEIGHT]
-    if trainable is not None:
-        chosen = _names("trainable", trainable, candidates)
-        bad = [f"'{n}' is {kinds[n][1]}" for n in chosen if kinds[n][0] in NEVER]
-        if bad:
-            more = f"; and {len(bad) - LISTED:,} more" if len(bad) > LISTED else ""
-            raise ValueError(
-                f"trainable names tensors that are not weights: {'; '.join(bad[:LISTED])}"
-                f"{more}. "
-                "A gradient step would corrupt them; leave them out"
-            )
-        if not chosen:
-            raise ValueError("nothing to train: trainable= is empty")
-        trains = set(chosen)
-    elif frozen is not None:
-        kept = set(_names("frozen", frozen, candidates))
-        trains = {n for n in weights if n not in kept}
-        if not trains:
-            raise ValueError(
-                f"nothing to train: frozen= freezes every weight of the model ({weights})"
-            )
-    else:
-        trains = set(weights)
+    trains = _trains(trainable, frozen, candidates, kinds)
     tensors = []
     for name, (value, source) in values.items():
         kind, why = kinds[name]
-        if name in trains:
-            reason = why if kind == WEIGHT else f"named in trainable= ({kind}: {why})"
-            if source != "initializer":
-                reason += f"; lifted from {source}"
-        elif trainable is not None and kind == WEIGHT:
-            reason = "not named in trainable="
-        elif frozen is not None and kind == WEIGHT and name in frozen:
-            reason = "frozen by the user (frozen=)"
-        elif name in constants and not lift_constants and kind == WEIGHT:
-            reason = f"stays in {source}: lift_constants=False"
-        elif kind == WEIGHT:
-            reason = why
-        else:
-            reason = f"{kind}: {why}"
+        unlifted = name in constants and not lift_constants
+        reason = _reason(name, kind, why, source, trains, trainable, frozen, unlifted)
         if name in constants and kind not in (WEIGHT,) and name not in trains:
             reason += f" (stays in {source})"
         tensors.append(
             Tensor(name, tuple(value.shape), str(value.dtype), source, kind, name in trains, reason)
         )
-    notes = attribute_weights(main)
+    notes = attribute_weights(model.graph)
     if not trains:
         raise ValueError(
             "nothing to train: the model has no float initializer or Constant node that is a "
@@ -529,48 +217,97 @@ def make_plan(
     return Plan(output, tuple(tensors), tuple(notes))
 
 
-def _stored(graph: onnx.GraphProto) -> frozenset[str]:
-    """The names of the initializers and Constant outputs of ``graph``."""
-    constants = {n.output[0] for n in graph.node if _op(n) == "Constant" and n.output}
-    return frozenset({*(i.name for i in graph.initializer), *constants})
+def _classified(
+    main: onnx.GraphProto, output: str
+) -> tuple[dict[str, tuple[np.ndarray, str]], dict[str, tuple[str, str]]]:
+    """Each candidate (a broadcast view of its shape and dtype, its source) and its kind."""
+    stored = {i.name for i in main.initializer}
+    graph = UseGraph(
+        [n for n in main.node if standard_op(n) is not None],
+        frozenset(i.name for i in main.input if i.name not in stored),
+        frozenset(o.name for o in main.output),
+        stored_names(main),
+    )
+    reached = graph.reached(output)
+    # Each tensor is read, classified and let go: its entry keeps its shape and dtype only
+    # (a broadcast view of one element), so a model's weights are never all read at once.
+    values: dict[str, tuple[np.ndarray, str]] = {}
+    kinds: dict[str, tuple[str, str]] = {}
+
+    def classify(name: str, value: np.ndarray, source: str) -> None:
+        kind, why = kind_of(graph, name, value)
+        if kind not in (*NEVER, "unreached") and name not in reached:
+            kind, why = "unreached", f"the output '{output}' does not depend on it ({why})"
+        kinds[name] = (kind, why)
+        values[name] = (np.broadcast_to(np.zeros((), value.dtype), value.shape), source)
+
+    for init in main.initializer:
+        classify(init.name, read_tensor(init, "graph initializer"), "initializer")
+    for node in main.node:
+        value = constant_value(node)
+        if value is not None and node.output[0] not in values:
+            label = f"'{node.name}'" if node.name else f"'{node.output[0]}'"
+            classify(node.output[0], value, f"Constant node {label}")
+    return values, kinds
 
 
-class Kinds:
-    """The kinds of a training model's initializers, for the ys of its Gradient nodes.
+def _trains(
+    trainable: Sequence[str] | None,
+    frozen: Sequence[str] | None,
+    candidates: Mapping[str, Any],
+    kinds: Mapping[str, tuple[str, str]],
+) -> set[str]:
+    """The names that train: ``trainable`` exactly, the weights but ``frozen``, or every weight."""
+    weights = [n for n in candidates if kinds[n][0] == WEIGHT]
+    if trainable is not None:
+        chosen = _names("trainable", trainable, candidates)
+        bad = [f"'{n}' is {kinds[n][1]}" for n in chosen if kinds[n][0] in NEVER]
+        if bad:
+            more = f"; and {len(bad) - LISTED:,} more" if len(bad) > LISTED else ""
+            raise ValueError(
+                f"trainable names tensors that are not weights: {'; '.join(bad[:LISTED])}"
+                f"{more}. "
+                "A gradient step would corrupt them; leave them out"
+            )
+        if not chosen:
+            raise ValueError("nothing to train: trainable= is empty")
+        return set(chosen)
+    if frozen is not None:
+        kept = set(_names("frozen", frozen, candidates))
+        trains = {n for n in weights if n not in kept}
+        if not trains:
+            raise ValueError(
+                f"nothing to train: frozen= freezes every weight of the model ({weights})"
+            )
+        return trains
+    return set(weights)
 
-    The inference graph's nodes decide the uses; ``y`` (a loss the
-    ``algorithm`` nodes compute from the inference graph) decides the reach.
-    The graphs are indexed once, for any number of Gradient nodes.
-    """
 
-    def __init__(self, main: onnx.GraphProto, algorithm: Sequence[onnx.NodeProto]) -> None:
-        stored = _stored(main)
-        inputs = frozenset(i.name for i in main.input if i.name not in stored)
-        outputs = frozenset(o.name for o in main.output)
-        self.graph = _Graph([n for n in main.node if _op(n) is not None], inputs, outputs, stored)
-        both = [n for n in (*main.node, *algorithm) if _op(n) is not None]
-        self.both = _Graph(both, inputs, outputs, stored)
-
-    def __call__(self, values: Mapping[str, np.ndarray], y: str) -> dict[str, tuple[str, str]]:
-        """The kind of each of ``values`` (initializers of the inference graph) for ``y``."""
-        reached = self.both.reached(y)
-        kinds = {}
-        for name, value in values.items():
-            kind, why = _kind(self.graph, name, value)
-            if kind not in (*NEVER, "unreached") and name not in reached:
-                kind, why = "unreached", f"'{y}' does not depend on it"
-            kinds[name] = (kind, why)
-        return kinds
-
-
-def kinds_of(
-    main: onnx.GraphProto,
-    algorithm: Sequence[onnx.NodeProto],
-    values: Mapping[str, np.ndarray],
-    y: str,
-) -> dict[str, tuple[str, str]]:
-    """The kind of each of ``values`` (initializers of ``main``) in a training model."""
-    return Kinds(main, algorithm)(values, y)
+def _reason(
+    name: str,
+    kind: str,
+    why: str,
+    source: str,
+    trains: set[str],
+    trainable: Sequence[str] | None,
+    frozen: Sequence[str] | None,
+    unlifted: bool,
+) -> str:
+    """Why the tensor ``name`` trains or stays, in words (``unlifted``: a Constant kept)."""
+    if name in trains:
+        reason = why if kind == WEIGHT else f"named in trainable= ({kind}: {why})"
+        if source != "initializer":
+            reason += f"; lifted from {source}"
+        return reason
+    if trainable is not None and kind == WEIGHT:
+        return "not named in trainable="
+    if frozen is not None and kind == WEIGHT and name in frozen:
+        return "frozen by the user (frozen=)"
+    if unlifted and kind == WEIGHT:
+        return f"stays in {source}: lift_constants=False"
+    if kind == WEIGHT:
+        return why
+    return f"{kind}: {why}"
 
 
 def lift(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

@@ -13,9 +13,9 @@ import onnx
 
 from onnx_optax._src.graph import GraphFunction, jit_graph, paused_gc, to_jax
 from onnx_optax._src.graph.load import DEFAULT_LIMITS
+from onnx_optax._src.graph.remat import rematerialized
 from onnx_optax._src.ops import RunChecks, raise_failed
 from onnx_optax._src.random_keys import step_key
-from onnx_optax._src.graph.remat import rematerialized
 from onnx_optax.training._check import checked_entries
 from onnx_optax.training._combined import Entry, Inference
 from onnx_optax.training._model import (
