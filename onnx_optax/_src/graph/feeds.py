@@ -164,7 +164,8 @@ def refuse_unknown(
     inputs: Mapping[str, Any], input_names: Sequence[str], initializer_inputs: Container[str]
 ) -> None:
     """Refuses feeds the graph does not take, instead of silently dropping them."""
-    unknown = [name for name in inputs if name not in input_names]
+    known = frozenset(input_names)  # membership: a set, not the tuple
+    unknown = [name for name in inputs if name not in known]
     overriding = [name for name in unknown if name in initializer_inputs]
     others = [name for name in unknown if name not in initializer_inputs]
     reasons = []
