@@ -1,4 +1,10 @@
-"""``Session``: runs a model's ``training_info`` on XLA, on one device or split over several."""
+"""``Session``: runs a model's ``training_info`` on XLA, on one device or split over several.
+
+This file holds the core: loading the checked model, compiling and running the step.
+Its parts live beside it: where arrays are placed (``_session_placement``), the feeds
+(``_session_feeds``), the learning rate (``_session_rate``), inference
+(``_session_run``) and writing the model back (``_session_saving``).
+"""
 
 from __future__ import annotations
 
