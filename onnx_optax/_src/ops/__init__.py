@@ -15,11 +15,12 @@ registry sees them all.
 - ``pools``: MaxPool, AveragePool, the global pools, MaxUnpool
 - ``normalization``: Batch, Instance, Layer, Group and MeanVariance normalization,
   LRN, Dropout
-- ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Gather, GatherND,
-  ScatterND, ScatterElements, Pad, Trilu, ..., Identity, Constant, ConstantOfShape,
-  Range, OneHot, EyeLike, ReverseSequence, TensorScatter, Upsample
+- ``shape``: Shape, Reshape, Transpose, Concat, Split, Slice, Pad, Trilu, ...,
+  Identity, Constant, ConstantOfShape, Range, EyeLike
+- ``indexing``: Gather, GatherElements, GatherND, ScatterND, ScatterElements,
+  OneHot, ReverseSequence, TensorScatter
 - ``reductions``: Reduce*, ArgMax/ArgMin, TopK, CumSum/CumProd, Det
-- ``image``: Resize, GridSample, AffineGrid
+- ``image``: Resize, Upsample, GridSample, AffineGrid
 - ``spatial``: Col2Im, DeformConv, RoiAlign (pixels moved by index, sampled at
   traced points)
 - ``losses``: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
@@ -29,10 +30,11 @@ registry sees them all.
   TreeEnsembleClassifier, TreeEnsemble), all trees at once in gather steps
 - ``control_flow``: If, Loop and Scan (their subgraphs arrive as callables)
 - ``recurrent``: RNN, GRU and LSTM, each direction one ``lax.scan``
-- ``attention``: the transformer blocks (RMSNormalization, SwiGLU,
-  RotaryEmbedding, Attention; Swish; LinearAttention, CausalConvWithState;
-  ai.onnx.preview's FlexAttention)
-- ``lp``: LpNormalization and LpPool (windows as the pools of ``conv``)
+- ``transformer``: the blocks around attention (RMSNormalization, Swish, SwiGLU,
+  RotaryEmbedding)
+- ``attention``: Attention, ai.onnx.preview's FlexAttention
+- ``linear_attention``: LinearAttention, CausalConvWithState
+- ``lp``: LpNormalization and LpPool (windows as the pools', ``windows``)
 - ``quantization``: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
   MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
 - ``signal``: DFT, STFT, the Hann, Hamming and Blackman windows,
@@ -49,7 +51,10 @@ sequence and optional types), ``arrays`` (the helpers several families share:
 dtypes, axes, the size limit, indices checked while tracing or after the run),
 ``attributes`` (a node's attributes read against its ONNX schema), ``guard``
 (``register``), ``windows`` (the window geometry of convolutions and pools),
-``convolution`` (how a convolution is computed: Conv, ConvInteger, QLinearConv)
+``convolution`` (how a convolution is computed: Conv, ConvInteger, QLinearConv),
+``sampling`` (a tensor sampled at traced points: GridSample, DeformConv, RoiAlign),
+``ml_scores`` (the features and score post-transforms of the ai.onnx.ml ops),
+``forests`` (a tree ensemble's attributes read into tables)
 and ``subgraphs`` (a body's signature checked, the budget of unrolled calls: If,
 Loop, Scan, SequenceMap). To add an op: a function in its family's module,
 registered there; a new family is a new module here, imported below.
@@ -62,6 +67,8 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     dynamic,
     elementwise,
     image,
+    indexing,
+    linear_attention,
     losses,
     lp,
     ml,
@@ -76,6 +83,7 @@ from onnx_optax._src.ops import (  # noqa: F401  (each registers its ops when im
     signal,
     spatial,
     text,
+    transformer,
     trees,
 )
 from onnx_optax._src.ops.arrays import (
@@ -86,7 +94,8 @@ from onnx_optax._src.ops.arrays import (
     record_run_checks,
 )
 from onnx_optax._src.ops.attributes import check_omitted_inputs, read_attributes
-from onnx_optax._src.ops.ml import ADVICE, ML_DOMAIN
+from onnx_optax._src.ops.ml import ADVICE
+from onnx_optax._src.ops.ml_scores import ML_DOMAIN
 from onnx_optax._src.ops.registry import (
     MAX_TENSOR_BYTES,
     OPS,

@@ -1,4 +1,10 @@
-"""What the op families share about their values: static or traced, dtypes, axes, sizes.
+"""The array helpers the op families share: dtypes, axes, shapes, sizes, indices.
+
+Whether a value is static and which dtype JAX holds for it are ``values``'s
+(:func:`~onnx_optax._src.ops.values.is_static`, ``canonical``); the helpers here
+build on them: numpy or jax.numpy for a computation (``xp_of``, ``xp_sized``),
+an axis or axes in range, dtypes that must agree, shapes that must broadcast or
+multiply (``matmul_shape``), the attribute checks several families share.
 
 Shape-valued inputs (``Op.static``: Reshape's shape, Slice's starts, Reduce
 axes, ...) are numpy arrays known at trace time; ops whose inputs are all numpy
@@ -132,6 +138,54 @@ def axes_of(node: Node, axes: Any) -> list[int] | None:
         return int_list(axes)
     value = node.get("axes")
     return None if value is None else [int(a) for a in value]
+
+
+def check_broadcasts_to(node: Node, name: str, value: Any, shape: Sequence[int]) -> None:
+    """Refuses ``value`` unless it broadcasts to ``shape`` one way (the result keeps ``shape``)."""
+    target = tuple(int(d) for d in shape)
+    try:
+        fits = np.broadcast_shapes(target, tuple(np.shape(value))) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{node.where}: {name} of shape {list(np.shape(value))} does not broadcast to "
+            f"{list(target)}"
+        )
+
+
+def matmul_shape(node: Node, a: Any, b: Any) -> list[int]:
+    """numpy.matmul's output shape, computed before anything is multiplied."""
+    sa, sb = list(np.shape(a)), list(np.shape(b))
+    if not sa or not sb or (sa[-1] != (sb[-2] if len(sb) > 1 else sb[0])):
+        raise ValueError(f"{node.where}: MatMul of shapes {sa} and {sb} do not match")
+    try:
+        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"{node.where}: MatMul of shapes {sa} and {sb}: their batch dimensions do not broadcast"
+        ) from None
+    return [*batch, *sa[-2:-1], *(sb[-1:] if len(sb) > 1 else [])]
+
+
+def int_shape(value: Any) -> list[int]:
+    """A shape as Python ints."""
+    return [int(d) for d in np.shape(value)]
+
+
+def wide_float(dtype: Any) -> np.dtype:
+    """float32 for 16-bit floats, the dtype itself otherwise."""
+    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
+
+
+def default_scale(node: Node, head_size: int) -> float:
+    """``1 / sqrt(head_size)``, the scale when none is given."""
+    if head_size < 1:
+        raise ValueError(
+            f"{node.where}: a head size of {head_size} gives no default scale 1 / sqrt(size); "
+            "give the scale attribute"
+        )
+    return 1 / math.sqrt(head_size)
 
 
 # ----------------------------------------------------------------------------- indices

@@ -1,15 +1,14 @@
-"""The transformer ops of ai.onnx: RMSNormalization, Swish, SwiGLU, RotaryEmbedding, Attention,
-the recurrent blocks LinearAttention and CausalConvWithState, and ai.onnx.preview's FlexAttention.
+"""Attention of ai.onnx (opset 23 on) and ai.onnx.preview's FlexAttention.
 
-The blocks a decoder export is made of (opset 23 on): each one ``@register``-ed
-function over jax.numpy, differentiable, its shapes checked (naming the node)
-before anything is computed. Attention follows the spec's pattern: Q and K each
-scaled by ``sqrt(scale)``, a softcap, one additive bias built from the mask, the
-causal frontier, the window and ``nonpad_kv_seqlen``, a softmax whose fully
-masked rows give zeros (never NaN), and the key/value cache concatenated in.
-LinearAttention's state recurrence is one ``lax.scan`` over the steps;
-CausalConvWithState is a depthwise convolution over its carried state and the
-input; FlexAttention calls its ``score_mod``/``prob_mod`` subgraphs inline.
+The blocks around it are ``transformer``'s (RMSNormalization, Swish, SwiGLU,
+RotaryEmbedding) and ``linear_attention``'s (LinearAttention, CausalConvWithState).
+Each op is one ``@register``-ed function over jax.numpy, differentiable, its shapes
+checked (naming the node) before anything is computed. Attention follows the
+spec's pattern: Q and K each scaled by ``sqrt(scale)``, a softcap, one additive
+bias built from the mask, the causal frontier, the window and
+``nonpad_kv_seqlen``, a softmax whose fully masked rows give zeros (never NaN),
+and the key/value cache concatenated in.
+FlexAttention calls its ``score_mod``/``prob_mod`` subgraphs inline.
 """
 
 from __future__ import annotations
@@ -22,143 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import check_at_run, check_size, int_check, norm_axis
+from onnx_optax._src.ops.arrays import (
+    check_at_run,
+    check_size,
+    default_scale,
+    int_check,
+    int_shape,
+    wide_float,
+)
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import canonical
-
-
-def _shape(value: Any) -> list[int]:
-    return [int(d) for d in np.shape(value)]
-
-
-# ----------------------------------------------------------------------------- RMSNormalization
-
-
-@register("RMSNormalization")
-def _rms_norm(node: Node, x: Any, scale: Any) -> Any:
-    """``x / sqrt(mean(x**2 over axis..) + epsilon) * scale``, computed in ``stash_type``."""
-    axis = norm_axis(int(node["axis"]), np.ndim(x), node.where)
-    target = tuple(_shape(x))
-    try:
-        fits = np.broadcast_shapes(target, tuple(_shape(scale))) == target
-    except ValueError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"{node.where}: scale of shape {_shape(scale)} does not broadcast to X of shape "
-            f"{list(target)}"
-        )
-    stash = canonical(tensor_dtype(node["stash_type"], node.where))
-    xs = jnp.asarray(x).astype(stash)
-    mean_square = jnp.mean(jnp.square(xs), axis=tuple(range(axis, xs.ndim)), keepdims=True)
-    normalized = xs * jax.lax.rsqrt(mean_square + np.asarray(node["epsilon"], stash))
-    return normalized.astype(x.dtype).astype(scale.dtype) * scale
-
-
-# ----------------------------------------------------------------------------- Swish, SwiGLU
-
-
-@register("Swish")
-def _swish(node: Node, x: Any) -> Any:
-    """``x * sigmoid(alpha * x)`` (SiLU when alpha is 1); SwiGLU's expansion uses it."""
-    return x * jax.nn.sigmoid(np.asarray(node["alpha"], x.dtype) * x)
-
-
-@register("SwiGLU")
-def _swiglu(node: Node, a: Any, b: Any) -> Any:
-    """``a * sigmoid(alpha * a) * b`` of two tensors of one shape (no broadcasting)."""
-    if _shape(a) != _shape(b):
-        raise ValueError(
-            f"{node.where}: A of shape {_shape(a)} and B of shape {_shape(b)} must have one "
-            "shape (SwiGLU does not broadcast)"
-        )
-    alpha = np.asarray(node["alpha"], a.dtype)
-    return a * jax.nn.sigmoid(alpha * a) * b
-
-
-# ----------------------------------------------------------------------------- RotaryEmbedding
-
-
-@register("RotaryEmbedding")
-def _rotary_embedding(
-    node: Node, x: Any, cos_cache: Any, sin_cache: Any, position_ids: Any = None
-) -> Any:
-    """Rotates the first ``rotary_embedding_dim`` features of each head by the cached angles.
-
-    X is (batch, heads, seq, head_size), or (batch, seq, hidden) with ``num_heads``;
-    the caches are (max_position, dim / 2) read at ``position_ids`` (batch, seq), or
-    (batch, seq, dim / 2) without them. Pairs are the two halves, or with
-    ``interleaved`` the even and odd features.
-    """
-    rank = np.ndim(x)
-    if rank not in (3, 4):
-        raise ValueError(f"{node.where}: X of shape {_shape(x)} must be 3-D or 4-D")
-    if int(node.get("num_heads", 0)) < 0:  # onnxruntime refuses it, 4-D X or not
-        raise ValueError(f"{node.where}: num_heads {node['num_heads']} must not be negative")
-    if _shape(cos_cache) != _shape(sin_cache):  # onnxruntime refuses two shapes
-        raise ValueError(
-            f"{node.where}: cos_cache of shape {_shape(cos_cache)} and sin_cache of shape "
-            f"{_shape(sin_cache)} must have one shape"
-        )
-    x = jnp.asarray(x)
-    if rank == 4:
-        x = jnp.transpose(x, (0, 2, 1, 3))  # (batch, seq, heads, head_size)
-    else:
-        heads = int(node.get("num_heads", 0))
-        if heads < 1 or x.shape[2] % heads:
-            raise ValueError(
-                f"{node.where}: a 3-D X of shape {_shape(x)} needs num_heads (got {heads}) "
-                "dividing its hidden size"
-            )
-        x = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
-    batch, seq, _, head_size = x.shape
-    dim = int(node.get("rotary_embedding_dim", 0)) or head_size
-    if dim % 2 or not 0 < dim <= head_size:
-        raise ValueError(
-            f"{node.where}: rotary_embedding_dim {dim} must be even and at most the head "
-            f"size {head_size}"
-        )
-    caches = []
-    for name, cache in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
-        if position_ids is not None:
-            if np.ndim(cache) != 2 or _shape(position_ids) != [batch, seq]:
-                raise ValueError(
-                    f"{node.where}: with position_ids of shape {_shape(position_ids)} "
-                    f"({[batch, seq]} expected), {name} of shape {_shape(cache)} must be "
-                    f"(max_position, {dim // 2})"
-                )
-            int_check(node, position_ids, "position_ids")
-            limit = cache.shape[0]
-            check_at_run(
-                f"{node.where}: position_ids hold {{}}, outside [0, {limit})",
-                (position_ids < 0) | (position_ids >= limit),
-                position_ids,
-            )
-            cache = jnp.take(jnp.asarray(cache), jnp.asarray(position_ids), axis=0)
-        if _shape(cache)[:2] != [batch, seq] or _shape(cache)[2:] != [dim // 2]:
-            raise ValueError(
-                f"{node.where}: {name} of shape {_shape(cache)} gives no angle of shape "
-                f"{[batch, seq, dim // 2]} for X of shape {_shape(x)}"
-            )
-        caches.append(jnp.asarray(cache)[:, :, None, :])
-    cos, sin = caches
-    rotated, kept = x[..., :dim], x[..., dim:]
-    if node.get("interleaved", 0):
-        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
-    else:
-        x1, x2 = rotated[..., : dim // 2], rotated[..., dim // 2 :]
-    real = cos * x1 - sin * x2
-    imag = sin * x1 + cos * x2
-    if node.get("interleaved", 0):
-        rotated = jnp.stack([real, imag], axis=-1).reshape(rotated.shape)
-    else:
-        rotated = jnp.concatenate([real, imag], axis=-1)
-    out = jnp.concatenate([rotated, kept], axis=-1)
-    if rank == 4:
-        return jnp.transpose(out, (0, 2, 1, 3))
-    return out.reshape(batch, seq, -1)
-
 
 # ----------------------------------------------------------------------------- Attention
 
@@ -168,7 +41,7 @@ def _heads(node: Node, name: str, value: Any, heads: int) -> Any:
     b, s, hidden = value.shape
     if hidden % heads:
         raise ValueError(
-            f"{node.where}: {name} of shape {_shape(value)}: its hidden size {hidden} is not a "
+            f"{node.where}: {name} of shape {int_shape(value)}: its hidden size {hidden} is not a "
             f"multiple of {heads} heads"
         )
     return jnp.transpose(jnp.reshape(value, (b, s, heads, hidden // heads)), (0, 2, 1, 3))
@@ -179,7 +52,7 @@ def _attention_inputs(node: Node, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any
     ranks = {np.ndim(q), np.ndim(k), np.ndim(v)}
     if len(ranks) != 1 or ranks - {3, 4}:
         raise ValueError(
-            f"{node.where}: Q, K and V of shapes {_shape(q)}, {_shape(k)} and {_shape(v)} "
+            f"{node.where}: Q, K and V of shapes {int_shape(q)}, {int_shape(k)} and {int_shape(v)} "
             "must all be 3-D or all 4-D"
         )
     q_heads, kv_heads = node.get("q_num_heads"), node.get("kv_num_heads")
@@ -204,7 +77,7 @@ def _attention_inputs(node: Node, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any
             if heads and int(heads) != np.shape(x)[1]:
                 raise ValueError(
                     f"{node.where}: {name} {heads} differs from the {np.shape(x)[1]} heads of "
-                    f"{label} of shape {_shape(x)}"
+                    f"{label} of shape {int_shape(x)}"
                 )
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     if (
@@ -224,7 +97,7 @@ def _attention_inputs(node: Node, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any
 
 def _cache(node: Node, name: str, past: Any, current: Any) -> Any:
     want = [*current.shape[:2], None, current.shape[3]]
-    got = _shape(past)
+    got = int_shape(past)
     if len(got) != 4 or [d if i != 2 else None for i, d in enumerate(got)] != want:
         raise ValueError(
             f"{node.where}: {name} of shape {got} must be (batch, kv_heads, past, size) "
@@ -237,7 +110,7 @@ def _mask_bias(node: Node, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any
     """The attention mask as an additive bias: booleans give 0 or -inf, floats are added;
     a last axis shorter than the keys is padded with -inf (False)."""
     kv_len = shape[3]
-    given = _shape(mask)
+    given = int_shape(mask)
     try:
         fits = bool(given) and given[-1] <= kv_len
         fits = fits and np.broadcast_shapes(shape, (*given[:-1], kv_len)) == shape
@@ -314,9 +187,9 @@ def _attention(
         )
     if nonpad is not None:
         int_check(node, nonpad, "nonpad_kv_seqlen")
-        if _shape(nonpad) != [q.shape[0]]:
+        if int_shape(nonpad) != [q.shape[0]]:
             raise ValueError(
-                f"{node.where}: nonpad_kv_seqlen of shape {_shape(nonpad)} must be "
+                f"{node.where}: nonpad_kv_seqlen of shape {int_shape(nonpad)} must be "
                 f"({q.shape[0]},), one length per batch"
             )
     past_len = None
@@ -373,209 +246,6 @@ def _attention(
     return (y, present_key, present_value, qk)[: node.n_outputs]
 
 
-# ----------------------------------------------------------------------------- CausalConvWithState
-
-
-def _wide(dtype: Any) -> np.dtype:
-    """float32 for 16-bit floats, the dtype itself otherwise."""
-    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
-
-
-@register("CausalConvWithState")
-def _causal_conv_with_state(
-    node: Node, x: Any, weight: Any, bias: Any = None, past: Any = None
-) -> Any:
-    """A depthwise causal 1-D convolution carrying its last ``k - 1`` inputs as state.
-
-    With ``P = concat(past_state or zeros, X)`` along the length (``P`` of length
-    ``L + k - 1``): ``Y[b, c, t] = sum_j W[c, 0, j] * P[b, c, t + j] + B[c]``, then
-    ``Y * sigmoid(Y)`` under ``activation`` 'silu' or 'swish'; ``present_state`` is
-    ``P[:, :, L:]``, the last ``k - 1`` positions of ``P``.
-    """
-    activation = node.get("activation", "none")
-    if activation not in ("none", "silu", "swish"):
-        raise ValueError(
-            f"{node.where}: activation '{activation}' must be 'none', 'silu' or 'swish'"
-        )
-    if np.ndim(x) != 3 or np.ndim(weight) != 3:
-        raise ValueError(
-            f"{node.where}: input of shape {_shape(x)} must be (batch, channels, length) and "
-            f"weight of shape {_shape(weight)} (channels, 1, k)"
-        )
-    batch, channels, length = _shape(x)
-    taps = _shape(weight)[2]
-    if _shape(weight)[:2] != [channels, 1] or taps < 1:
-        raise ValueError(
-            f"{node.where}: weight of shape {_shape(weight)} must be ({channels}, 1, k) with "
-            f"k >= 1 for input of shape {_shape(x)} (depthwise: one kernel per channel)"
-        )
-    if bias is not None and _shape(bias) != [channels]:
-        raise ValueError(f"{node.where}: bias of shape {_shape(bias)} must be ({channels},)")
-    state_shape = [batch, channels, taps - 1]
-    if past is not None and _shape(past) != state_shape:
-        raise ValueError(
-            f"{node.where}: past_state of shape {_shape(past)} must be (batch, channels, k - 1) "
-            f"= {state_shape}"
-        )
-    dtype = jnp.asarray(x).dtype
-    acc = _wide(dtype)  # 16-bit inputs accumulate in float32
-    start = jnp.zeros(state_shape, dtype) if past is None else jnp.asarray(past)
-    padded = jnp.concatenate([start, jnp.asarray(x)], axis=2)
-    if not channels:  # no kernel to convolve (XLA takes no group count of 0)
-        return jnp.zeros(_shape(x), dtype), padded[:, :, length:]
-    y = jax.lax.conv_general_dilated(
-        padded.astype(acc),
-        jnp.asarray(weight).astype(acc),
-        window_strides=(1,),
-        padding="VALID",
-        dimension_numbers=("NCH", "OIH", "NCH"),
-        feature_group_count=channels,
-    )
-    if bias is not None:
-        y = y + jnp.asarray(bias).astype(acc)[:, None]
-    y = y.astype(dtype)
-    if activation != "none":
-        wide = y.astype(acc)
-        y = (wide * jax.nn.sigmoid(wide)).astype(dtype)
-    return y, padded[:, :, length:]
-
-
-# ----------------------------------------------------------------------------- LinearAttention
-
-
-def _default_scale(node: Node, head_size: int) -> float:
-    """``1 / sqrt(head_size)``, the scale when none is given."""
-    if head_size < 1:
-        raise ValueError(
-            f"{node.where}: a head size of {head_size} gives no default scale 1 / sqrt(size); "
-            "give the scale attribute"
-        )
-    return 1 / math.sqrt(head_size)
-
-
-_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
-
-
-def _packed(node: Node, name: str, value: Any, heads: int, batch: int, steps: int) -> Any:
-    """A 3-D packed (B, T, H * D) input as (T, B, H, D), time first for the scan."""
-    shape = _shape(value)
-    if len(shape) != 3 or shape[:2] != [batch, steps] or shape[2] % heads:
-        raise ValueError(
-            f"{node.where}: {name} of shape {shape} must be (batch, T, heads * size) = "
-            f"({batch}, {steps}, {heads} * size)"
-        )
-    size = shape[2] // heads
-    return jnp.transpose(jnp.reshape(value, (batch, steps, heads, size)), (1, 0, 2, 3))
-
-
-def _linear_attention_gates(
-    node: Node, rule: str, decay: Any, beta: Any, kv_heads: int, d_k: int, batch: int, steps: int
-) -> tuple[Any, Any]:
-    """decay as (T, B, H_kv, 1 or d_k) and beta as (T, B, H_kv or 1, 1), or None each."""
-    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
-    for name, value, needed in (("decay", decay, gated), ("beta", beta, delta)):
-        if (value is None) == needed:
-            raise ValueError(
-                f"{node.where}: update_rule '{rule}' "
-                f"{'needs' if needed else 'takes no'} {name} input"
-            )
-    if decay is not None:
-        last = _shape(decay)[-1] if np.ndim(decay) == 3 else -1
-        if last not in (kv_heads, kv_heads * d_k):
-            raise ValueError(
-                f"{node.where}: decay of shape {_shape(decay)} must be (batch, T, kv_num_heads) "
-                f"or (batch, T, kv_num_heads * d_k) = ({batch}, {steps}, {kv_heads} or "
-                f"{kv_heads * d_k})"
-            )
-        decay = _packed(node, "decay", decay, kv_heads, batch, steps)
-    if beta is not None:
-        last = _shape(beta)[-1] if np.ndim(beta) == 3 else -1
-        if last not in (kv_heads, 1):
-            raise ValueError(
-                f"{node.where}: beta of shape {_shape(beta)} must be (batch, T, kv_num_heads) "
-                f"or (batch, T, 1) = ({batch}, {steps}, {kv_heads} or 1)"
-            )
-        beta = _packed(node, "beta", beta, last, batch, steps)
-    return decay, beta
-
-
-@register("LinearAttention")
-def _linear_attention(
-    node: Node,
-    q: Any,
-    k: Any,
-    v: Any,
-    past: Any = None,
-    decay: Any = None,
-    beta: Any = None,
-) -> Any:
-    """Linear attention's recurrence over T steps (one ``lax.scan``), state (B, H_kv, d_k, d_v).
-
-    Per step, ``S = exp(g) * S`` (gated rules), ``v = beta * (v - S^T k)`` (delta
-    rules), ``S = S + k ⊗ v``, ``o = scale * q^T S``; each K/V head (and its state)
-    serves ``q_num_heads / kv_num_heads`` consecutive query heads. Computed in
-    float32; ``present_state`` in past_state's dtype (the query's without one).
-    """
-    rule = node.get("update_rule", "gated_delta")
-    if rule not in _UPDATE_RULES:
-        raise ValueError(f"{node.where}: update_rule '{rule}' must be one of {list(_UPDATE_RULES)}")
-    q_heads, kv_heads = int(node.get("q_num_heads", 0)), int(node.get("kv_num_heads", 0))
-    if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
-        raise ValueError(
-            f"{node.where}: q_num_heads {q_heads} must be a positive multiple of kv_num_heads "
-            f"{kv_heads}"
-        )
-    if np.ndim(q) != 3:
-        raise ValueError(
-            f"{node.where}: query of shape {_shape(q)} must be (batch, T, heads * d_k)"
-        )
-    batch, steps, _ = _shape(q)
-    qs = _packed(node, "query", q, q_heads, batch, steps)
-    d_k = qs.shape[3]
-    ks = _packed(node, "key", k, kv_heads, batch, steps)
-    vs = _packed(node, "value", v, kv_heads, batch, steps)
-    if ks.shape[3] != d_k:
-        raise ValueError(
-            f"{node.where}: key of shape {_shape(k)} gives head size {ks.shape[3]} where the "
-            f"query's is {d_k}"
-        )
-    d_v = vs.shape[3]
-    state_shape = [batch, kv_heads, d_k, d_v]
-    if past is not None and _shape(past) != state_shape:
-        raise ValueError(
-            f"{node.where}: past_state of shape {_shape(past)} must be (batch, kv_num_heads, "
-            f"d_k, d_v) = {state_shape}"
-        )
-    decays, betas = _linear_attention_gates(node, rule, decay, beta, kv_heads, d_k, batch, steps)
-    check_size(node, (steps, batch, q_heads, d_v), np.float32, "the outputs of every step")
-    scale = float(node.get("scale", 0.0)) or _default_scale(node, d_k)
-    acc = np.dtype(np.float32)
-    state = jnp.zeros(state_shape, acc) if past is None else jnp.asarray(past).astype(acc)
-    xs = {
-        "q": jnp.reshape(qs, (steps, batch, kv_heads, q_heads // kv_heads, d_k)).astype(acc),
-        "k": ks.astype(acc),
-        "v": vs.astype(acc),
-    }
-    if decays is not None:
-        xs["g"] = decays.astype(acc)
-    if betas is not None:
-        xs["beta"] = betas.astype(acc)
-
-    def step(s: Any, x: dict[str, Any]) -> tuple[Any, Any]:
-        if "g" in x:
-            s = s * jnp.exp(x["g"])[..., None]
-        value = x["v"]
-        if "beta" in x:
-            value = x["beta"] * (value - jnp.einsum("bhdm,bhd->bhm", s, x["k"]))
-        s = s + x["k"][..., :, None] * value[..., None, :]
-        return s, jnp.einsum("bhgd,bhdm->bhgm", x["q"], s) * np.asarray(scale, acc)
-
-    state, outs = jax.lax.scan(step, state, xs)
-    y = jnp.transpose(jnp.reshape(outs, (steps, batch, q_heads * d_v)), (1, 0, 2))
-    state_dtype = jnp.asarray(q if past is None else past).dtype
-    return y.astype(jnp.asarray(q).dtype), state.astype(state_dtype)
-
-
 # ----------------------------------------------------------------------------- FlexAttention
 
 PREVIEW_DOMAIN = "ai.onnx.preview"
@@ -589,10 +259,10 @@ def _modified(node: Node, name: str, modifier: Any, value: Any) -> Any:
             f"{len(modifier.output_names)} outputs; it must take and give one tensor"
         )
     (out,) = modifier(value)
-    if _shape(out) != _shape(value) or np.dtype(out.dtype) != np.dtype(value.dtype):
+    if int_shape(out) != int_shape(value) or np.dtype(out.dtype) != np.dtype(value.dtype):
         raise ValueError(
-            f"{node.where}: {name} gives {np.dtype(out.dtype)}{_shape(out)} where "
-            f"{np.dtype(value.dtype)}{_shape(value)} (its input's shape and type) is needed"
+            f"{node.where}: {name} gives {np.dtype(out.dtype)}{int_shape(out)} where "
+            f"{np.dtype(value.dtype)}{int_shape(value)} (its input's shape and type) is needed"
         )
     return jnp.asarray(out)
 
@@ -601,7 +271,7 @@ def _flex_precision(node: Node, dtype: Any) -> np.dtype:
     """softmax_precision's dtype; float32 for 16-bit inputs and the input's otherwise."""
     precision = node.get("softmax_precision")
     if precision is None:
-        return _wide(dtype)
+        return wide_float(dtype)
     chosen = canonical(tensor_dtype(int(precision), node.where))
     if not jnp.issubdtype(chosen, jnp.floating) or chosen.itemsize < 2:
         raise ValueError(
@@ -620,7 +290,7 @@ def _flex_attention(node: Node, q: Any, k: Any, v: Any) -> Any:
     flow through them), the softmax and the product with V are in softmax_precision;
     grouped heads: query head ``h`` reads K/V head ``h // (q_heads / kv_heads)``.
     """
-    shapes = [_shape(q), _shape(k), _shape(v)]
+    shapes = [int_shape(q), int_shape(k), int_shape(v)]
     if any(len(s) != 4 for s in shapes):
         raise ValueError(f"{node.where}: Q, K and V of shapes {shapes} must all be 4-D")
     (batch, heads, _, size), (kb, kv_heads, kv_len, k_size), (vb, v_heads, v_len, _) = shapes
@@ -639,7 +309,7 @@ def _flex_attention(node: Node, q: Any, k: Any, v: Any) -> Any:
     check_size(node, (batch, heads, shapes[0][2], kv_len), np.float64, "attention scores")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     scale = node.get("scale")
-    scale = _default_scale(node, size) if scale is None else float(scale)
+    scale = default_scale(node, size) if scale is None else float(scale)
     if scale < 0:
         raise ValueError(
             f"{node.where}: scale {scale} is negative; Q and K are each scaled by its square root"

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from onnx_optax._src.onnx_tensors import read_tensor, tensor_dtype, utf8
@@ -218,8 +219,6 @@ def check_input_types(node: Node, op_type: str, domain: str, inputs: Sequence[An
     static value (numpy) is compared by its own dtype; a traced one as JAX holds it
     (without 64-bit JAX an int64 computes as int32).
     """
-    import jax
-
     formals, variadic = _formals(op_type, domain, node.opset)
     x64 = bool(jax.config.read("jax_enable_x64"))
     bound: dict[str, tuple[int, Any, bool]] = {}

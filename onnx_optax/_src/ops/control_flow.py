@@ -260,12 +260,8 @@ def _loop_check(node: Node) -> None:
             )
 
 
-@register("Loop", check=_loop_check, prefer_static=(0, 1))
-def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -> Any:
-    body = node["body"]
-    n = len(carried)
-    given_cond = np.zeros((), bool) if cond is None else cond
-    check_inputs(node, "body", [np.zeros((), np.int64), given_cond, *carried])
+def _loop_inputs(node: Node, body: Any, trip_count: Any, cond: Any, n: int) -> int:
+    """Refuses a Loop whose inputs do not fit its body or never end; its scan outputs' count."""
     k = len(body.output_names) - 1 - n
     if len(body.input_names) != 2 + n or k < 0:
         raise ValueError(
@@ -282,27 +278,14 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             raise ValueError(
                 f"{node.where}: {what} of shape {list(np.shape(value))} must hold one element"
             )
-    counter = canonical(np.int64)
-    carried = tuple(_held(v) for v in carried)
-    specs = [
-        jax.ShapeDtypeStruct((), counter),
-        jax.ShapeDtypeStruct((), np.dtype(bool)),
-        *map(_spec, carried),
-    ]
-    known_trip = trip_count is not None and _known(trip_count)
-    if cond is not None and _known(cond) and not bool(np.asarray(cond).reshape(())):
-        trip_count, known_trip = np.zeros((), np.int64), True  # not one iteration
-    # Sequences and optionals may change type between iterations (a sequence growing):
-    # such a loop is unrolled, and so may hold subgraphs (each call traced in turn).
-    structured = any(map(is_sequence_or_optional, carried))
-    unrollable = known_trip and (cond is None or _known(cond))
-    try:
-        traced = _trace(node, "body", body, specs)
-    except NotStaticError:
-        if not unrollable:
-            raise
-        trips = max(int(np.asarray(trip_count).reshape(())), 0)
-        return _unrolled(node, body, trips, carried, k, cond is not None, nested=structured)
+    return k
+
+
+def _changed_sequences(
+    node: Node, body: Any, traced: _Body, specs: Sequence[Any], n: int, unrollable: bool
+) -> bool:
+    """Whether a carried sequence or optional changes type between iterations (the loop is
+    then unrolled); refused where it cannot be."""
     carried_names = body.output_names[1 : 1 + n]
     changed = [
         (name, a, b)
@@ -318,8 +301,14 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
                 "an optional that changes emptiness) needs the loop unrolled while tracing, "
                 "so the trip count M and the condition must be known while tracing"
             )
-        trips = max(int(np.asarray(trip_count).reshape(())), 0)
-        return _unrolled(node, body, trips, carried, k, cond is not None, nested=True)
+        return True
+    return False
+
+
+def _loop_outputs(node: Node, body: Any, traced: _Body, specs: Sequence[Any], n: int) -> None:
+    """Refuses body outputs a compiled loop cannot carry: a carried value changing shape or
+    dtype, a sequence scanned out, a condition that is not one bool."""
+    carried_names = body.output_names[1 : 1 + n]
     _same_types(node, "loop-carried output", carried_names, specs[2:], traced.outs[1 : 1 + n])
     if any(map(is_sequence_or_optional, traced.outs[1 + n :])):
         raise ValueError(
@@ -331,26 +320,27 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
             f"{node.where}: the body's condition output '{body.output_names[0]}' must be one "
             f"bool, got {traced.outs[0].dtype}{list(traced.outs[0].shape)}"
         )
-    cond_fixed = cond is None or (_known(cond) and _constant_true(traced))
-    if known_trip and cond_fixed:
-        trips = max(int(np.asarray(trip_count).reshape(())), 0)
-        true = jnp.asarray(True)
 
-        def step(state: Any, _: Any) -> tuple[Any, Any]:
-            i, values = state
-            outs, checks = traced(i, true, *values)
-            return (i + 1, tuple(outs[1 : 1 + n])), (tuple(outs[1 + n :]), checks)
 
-        start = (jnp.zeros((), counter), carried)
-        (_, final), (scanned, checks) = lax.scan(step, start, None, length=trips)
-        _collect(checks)
-        return (*final, *scanned)
-    if k:
-        raise ValueError(
-            f"{node.where}: its {k} scan output(s) would have a length known only at run time "
-            "(the trip count or the condition depends on the values fed); XLA needs it fixed: "
-            "make M a constant and the condition constant true"
-        )
+def _scanned_loop(traced: _Body, trips: int, counter: Any, carried: Any, n: int) -> Any:
+    """A Loop of a known trip count and a fixed condition: ``lax.scan`` (differentiable)."""
+    true = jnp.asarray(True)
+
+    def step(state: Any, _: Any) -> tuple[Any, Any]:
+        i, values = state
+        outs, checks = traced(i, true, *values)
+        return (i + 1, tuple(outs[1 : 1 + n])), (tuple(outs[1 + n :]), checks)
+
+    start = (jnp.zeros((), counter), carried)
+    (_, final), (scanned, checks) = lax.scan(step, start, None, length=trips)
+    _collect(checks)
+    return (*final, *scanned)
+
+
+def _while_loop(
+    traced: _Body, trip_count: Any, cond: Any, counter: Any, carried: Any, n: int
+) -> Any:
+    """A Loop whose trip count or condition is known only at run time: ``lax.while_loop``."""
     limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(counter)
     keep = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ())
     initial_checks = {m: _never(c) for m, c in traced.checks.items()}
@@ -373,6 +363,51 @@ def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -
     _, _, final, checks = lax.while_loop(going, advance, state)
     record_run_checks(checks)
     return tuple(final)
+
+
+@register("Loop", check=_loop_check, prefer_static=(0, 1))
+def _loop(node: Node, trip_count: Any = None, cond: Any = None, *carried: Any) -> Any:
+    body = node["body"]
+    n = len(carried)
+    given_cond = np.zeros((), bool) if cond is None else cond
+    check_inputs(node, "body", [np.zeros((), np.int64), given_cond, *carried])
+    k = _loop_inputs(node, body, trip_count, cond, n)
+    counter = canonical(np.int64)
+    carried = tuple(_held(v) for v in carried)
+    specs = [
+        jax.ShapeDtypeStruct((), counter),
+        jax.ShapeDtypeStruct((), np.dtype(bool)),
+        *map(_spec, carried),
+    ]
+    known_trip = trip_count is not None and _known(trip_count)
+    if cond is not None and _known(cond) and not bool(np.asarray(cond).reshape(())):
+        trip_count, known_trip = np.zeros((), np.int64), True  # not one iteration
+    # Sequences and optionals may change type between iterations (a sequence growing):
+    # such a loop is unrolled, and so may hold subgraphs (each call traced in turn).
+    structured = any(map(is_sequence_or_optional, carried))
+    unrollable = known_trip and (cond is None or _known(cond))
+    try:
+        traced = _trace(node, "body", body, specs)
+    except NotStaticError:
+        if not unrollable:
+            raise
+        trips = max(int(np.asarray(trip_count).reshape(())), 0)
+        return _unrolled(node, body, trips, carried, k, cond is not None, nested=structured)
+    if _changed_sequences(node, body, traced, specs, n, unrollable):
+        trips = max(int(np.asarray(trip_count).reshape(())), 0)
+        return _unrolled(node, body, trips, carried, k, cond is not None, nested=True)
+    _loop_outputs(node, body, traced, specs, n)
+    cond_fixed = cond is None or (_known(cond) and _constant_true(traced))
+    if known_trip and cond_fixed:
+        trips = max(int(np.asarray(trip_count).reshape(())), 0)
+        return _scanned_loop(traced, trips, counter, carried, n)
+    if k:
+        raise ValueError(
+            f"{node.where}: its {k} scan output(s) would have a length known only at run time "
+            "(the trip count or the condition depends on the values fed); XLA needs it fixed: "
+            "make M a constant and the condition constant true"
+        )
+    return _while_loop(traced, trip_count, cond, counter, carried, n)
 
 
 def _unrolled(

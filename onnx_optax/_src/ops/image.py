@@ -1,4 +1,4 @@
-"""Image ops of ai.onnx: Resize, GridSample and AffineGrid.
+"""Image ops of ai.onnx: Resize, Upsample (Resize of opset 10), GridSample and AffineGrid.
 
 Resize is separable: each resized axis is one gather of a few taps per output
 position and their weighted sum. The taps and weights (nearest, linear, cubic,
@@ -8,23 +8,24 @@ output shape, so the output shape, and with it ``scales``, ``sizes`` and
 differentiable in the input, so a Resize trains like any other op.
 
 GridSample samples at traced points (the grid): the taps of all points are
-gathered at once (:func:`sample_taps`, also DeformConv's and RoiAlign's in
-``spatial``), differentiable in X and in the grid. AffineGrid transforms a base
+gathered at once (``sampling.sample_taps``, also DeformConv's and RoiAlign's
+in ``spatial``), differentiable in X and in the grid. AffineGrid transforms a base
 grid, computed on the host from the static size, by theta.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from onnx_optax._src.ops.arrays import check_size, check_vector, norm_axes
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.sampling import grid_taps, sample_taps, work_dtype
 from onnx_optax._src.ops.values import canonical
 
 _MODES = ("nearest", "linear", "cubic")
@@ -306,7 +307,6 @@ def _resize(node: Node, x: Any, roi: Any = None, scales: Any = None, sizes: Any 
 
 _GRID_MODES = {16: ("bilinear", "nearest", "bicubic"), 20: ("linear", "nearest", "cubic")}
 _GRID_PADDING = ("zeros", "border", "reflection")
-_CUBIC_A = -0.75  # Keys' coefficient, as onnxruntime and PyTorch
 
 
 def _grid_attrs(node: Node) -> tuple[str, str, bool]:
@@ -324,120 +324,6 @@ def _grid_attrs(node: Node) -> tuple[str, str, bool]:
     if align not in (0, 1):
         raise ValueError(f"{node.where}: align_corners {align} must be 0 or 1")
     return {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode), padding, bool(align)
-
-
-def _reflect(x: Any, lo: float, hi: float) -> Any:
-    """``x`` reflected at ``lo`` and ``hi`` until it lies between them (identity inside).
-
-    A point ``d`` past a border lands at ``d mod (hi - lo)`` from it after an even
-    number of bounces, from the other border after an odd one.
-    """
-    span = hi - lo
-    if span <= 0:
-        return jnp.full_like(x, lo)
-    below = x < lo
-    past = jnp.where(below, lo - x, x - hi)
-    bounces = jnp.floor(jnp.maximum(past, 0) / span)
-    rest = past - bounces * span
-    even = bounces % 2 == 0
-    from_lo, from_hi = lo + rest, hi - rest
-    out = jnp.where(below == even, from_lo, from_hi)
-    return jnp.where((x >= lo) & (x <= hi), x, out)
-
-
-def _cubic_weights(t: Any) -> list[Any]:
-    """Keys' cubic weights of the taps at -1, 0, 1, 2 for a point ``t`` in [0, 1) past tap 0.
-
-    ``k(s) = (a+2)|s|^3 - (a+3)|s|^2 + 1`` for ``|s| <= 1``,
-    ``a|s|^3 - 5a|s|^2 + 8a|s| - 4a`` for ``1 < |s| < 2``.
-    """
-    a = _CUBIC_A
-
-    def near(s: Any) -> Any:
-        return ((a + 2) * s - (a + 3)) * s * s + 1
-
-    def far(s: Any) -> Any:
-        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
-
-    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
-
-
-def grid_taps(x: Any, size: int, mode: str, padding: str, align: bool) -> tuple[Any, Any]:
-    """Indices and weights, each ``x.shape + (taps,)``, of pixel coordinates ``x`` on an axis.
-
-    The coordinate is first brought inside the axis' borders (``[0, size-1]`` with
-    align_corners, else ``[-0.5, size-0.5]``) by the padding mode (border clamps,
-    reflection reflects; nearest rounds half to even first), then each tap outside
-    the axis reads 0 (zeros), the nearest pixel (border) or its reflection.
-    Cubic with border clamps the taps alone, as onnxruntime and PyTorch do (onnx's
-    reference clamps the coordinate too, which moves the taps' weights).
-    """
-    lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
-    if mode == "nearest":
-        x = jnp.round(x)
-    outside = (x < lo) | (x > hi)
-    if padding == "border" and mode != "cubic":
-        x = jnp.where(outside, jnp.clip(x, 0, size - 1), x)
-    elif padding == "reflection":
-        x = _reflect(x, lo, hi)
-    if mode == "nearest":
-        index = jnp.trunc(x)[..., None]
-        weights = jnp.ones_like(index)
-    else:
-        base = jnp.floor(x)
-        t = x - base
-        first = 0 if mode == "linear" else -1
-        offsets = np.arange(first, 2 - first, dtype=np.dtype(x.dtype))
-        index = base[..., None] + offsets
-        weights = jnp.stack([1 - t, t] if mode == "linear" else _cubic_weights(t), axis=-1)
-    if padding == "zeros":
-        weights = jnp.where((index >= 0) & (index <= size - 1), weights, 0)
-    elif padding == "reflection":
-        index = jnp.trunc(_reflect(index, lo, hi))
-    index = jnp.clip(index, 0, size - 1).astype(np.int32)
-    return index, weights
-
-
-def sample_taps(node: Node, data: Any, taps: list[tuple[Any, Any]], exact: bool) -> Any:
-    """``sum over tap combinations of prod_i w_i * data[b, c, i_1, ..., i_r]``, shape (B, C, Q).
-
-    ``data`` is ``(B, C, *S)``; ``taps`` holds, per spatial axis, indices and
-    weights of shape ``(B, Q, k_i)``. ``exact``: the weights are 0 or 1 (nearest),
-    so the values are picked, not multiplied (exact for any dtype).
-    """
-    b, c, *spatial = data.shape
-    q = taps[0][0].shape[1]
-    rank = len(spatial)
-    strides = [math.prod(spatial[i + 1 :]) for i in range(rank)]
-    flat: Any = 0
-    weight: Any = 1
-    for i, (index, w) in enumerate(taps):
-        shape = [b, q] + [1] * rank
-        shape[2 + i] = index.shape[-1]
-        flat = flat + index.reshape(shape) * strides[i]
-        weight = weight * w.reshape(shape)
-    count = math.prod(index.shape[-1] for index, _ in taps)
-    check_size(node, [b, c, q, count], data.dtype, "gathered taps")
-    if math.prod([b, c, q, *spatial]) == 0:  # nothing to pick, or every tap outside X
-        return jnp.zeros((b, c, q), data.dtype)
-    # channels last: each tap gathers one contiguous row of C values (and its gradient
-    # scatters one), not C separate elements
-    rows = jnp.moveaxis(data.reshape(b, c, math.prod(spatial)), 1, 2)  # (B, S, C)
-    values = jax.vmap(lambda d, i: jnp.take(d, i, axis=0, mode="clip"))(
-        rows, flat.reshape(b, q * count)
-    ).reshape(b, q, count, c)
-    weight = weight.reshape(b, q, count, 1)
-    if exact:
-        picked = jnp.where(weight > 0, values, jnp.zeros((), values.dtype)).sum(axis=2)
-    else:
-        picked = (values * weight.astype(values.dtype)).sum(axis=2)
-    return jnp.moveaxis(picked, 2, 1)
-
-
-def _work_dtype(*dtypes: Any) -> np.dtype:
-    """float64 when an input is, else float32 (half types are computed in float32)."""
-    wide = any(np.dtype(d) == np.float64 for d in dtypes)
-    return canonical(np.float64 if wide else np.float32)
 
 
 def _grid_shapes(node: Node, x: Any, grid: Any) -> None:
@@ -476,7 +362,7 @@ def _grid_sample(node: Node, x: Any, grid: Any) -> Any:
     check_size(node, [n, c, *out_spatial], dtype)
     if math.prod([n, c, *out_spatial]) == 0 or math.prod(spatial) == 0:
         return jnp.zeros((n, c, *out_spatial), dtype)
-    work = _work_dtype(x.dtype, grid.dtype)
+    work = work_dtype(x.dtype, grid.dtype)
     q = math.prod(out_spatial)
     points = jnp.asarray(grid).astype(work).reshape(n, q, len(spatial))
     taps = []
@@ -527,7 +413,7 @@ def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
     axes = [_base_axis(s, bool(align)) for s in spatial]
     mesh = np.meshgrid(*axes, indexing="ij")
     base = np.stack([*mesh[::-1], np.ones(spatial)], axis=-1).reshape(-1, rank + 1)
-    work = _work_dtype(theta.dtype)
+    work = work_dtype(theta.dtype)
     grid = jnp.einsum(
         "pk,nik->npi",
         jnp.asarray(base, work),
@@ -535,3 +421,31 @@ def _affine_grid(node: Node, theta: Any, size: Any) -> Any:
         precision="highest",
     )
     return grid.reshape(dims[0], *spatial, rank).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- Upsample
+
+
+@register("Upsample", static=(1,))
+def _upsample(node: Node, x: Any, scales: Any = None) -> Any:
+    """Resize of opset 10 (asymmetric coordinates, nearest or linear) by ``scales``: the
+    attribute before opset 9, the input after (the op is deprecated since opset 10)."""
+    if node.opset < 7:
+        raise ValueError(f"{node.where}: Upsample before opset 7 (experimental) is not supported")
+    if node.opset < 9:
+        scales = np.asarray(node["scales"], np.float32)
+    mode = {"bilinear": "linear"}.get(node["mode"], node["mode"])
+    if mode not in ("nearest", "linear"):
+        raise ValueError(f"{node.where}: mode {node['mode']!r} is not 'nearest' or 'linear'")
+    if scales is None or np.size(scales) != np.ndim(x):
+        raise ValueError(
+            f"{node.where}: scales must hold one factor per axis of X of shape "
+            f"{list(np.shape(x))}, got {None if scales is None else np.asarray(scales).tolist()}"
+        )
+    factors = np.asarray(scales, np.float32).reshape(-1)
+    if not np.all(factors >= 1):  # onnxruntime: "Scale value should be greater than or equal to 1"
+        raise ValueError(
+            f"{node.where}: scales {factors.tolist()}: Upsample needs each at least 1 (and finite)"
+        )
+    as_resize = dataclasses.replace(node, attrs={**node.attrs, "mode": mode}, opset=10)
+    return _resize(as_resize, x, np.asarray(scales, np.float32))

@@ -52,10 +52,17 @@ from jax import lax
 from onnx_optax._src.onnx_tensors import STRINGS_ADVICE, refuse_narrowing
 from onnx_optax._src.ops.arrays import check_at_run, check_size, xp_of
 from onnx_optax._src.ops.guard import register
+from onnx_optax._src.ops.ml_scores import (
+    FEATURES,
+    ML_DOMAIN,
+    check_dtype,
+    feature_rows,
+    first_max,
+    post_transform,
+    post_transform_of,
+)
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import is_static
-
-ML_DOMAIN = "ai.onnx.ml"
 
 # Ops of ai.onnx.ml that XLA cannot run, with what to do instead (unsupported_error adds it).
 ADVICE = {
@@ -66,20 +73,10 @@ ADVICE = {
     ),
 }
 
-_FEATURES = ("float32", "float64", "int32", "int64")  # the schemas' T for features
-_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
 _F32 = np.float32
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _check_dtype(node: Node, x: Any, name: str, allowed: Sequence[str]) -> None:
-    if np.dtype(x.dtype).name not in allowed:
-        raise TypeError(
-            f"{node.where}: input {name} has dtype {np.dtype(x.dtype)}; it must be one of "
-            f"{', '.join(allowed)}"
-        )
 
 
 def _not_scalar(node: Node, x: Any) -> None:
@@ -88,29 +85,9 @@ def _not_scalar(node: Node, x: Any) -> None:
         raise ValueError(f"{node.where}: input X is a scalar; it must have at least one axis")
 
 
-def _rows(node: Node, x: Any) -> Any:
-    """The features as a float32 ``[N, C]`` matrix; a vector ``[C]`` is one row."""
-    _check_dtype(node, x, "X", _FEATURES)
-    if np.ndim(x) not in (1, 2):
-        raise ValueError(
-            f"{node.where}: input X has shape {list(np.shape(x))}; it must be [N, C] or [C]"
-        )
-    x = jnp.asarray(x)
-    return (x.reshape(1, -1) if x.ndim == 1 else x).astype(_F32)
-
-
 def _floats(node: Node, name: str) -> np.ndarray:
     """A FLOATS attribute as float32 (empty when absent)."""
     return np.asarray(node.get(name, []), _F32).reshape(-1)
-
-
-def _transform(node: Node) -> str:
-    value = node["post_transform"]
-    if value not in _TRANSFORMS:
-        raise ValueError(
-            f"{node.where}: post_transform {value!r} is not one of {', '.join(_TRANSFORMS)}"
-        )
-    return str(value)
 
 
 def _affine(x: Any, coefficients: np.ndarray, intercepts: np.ndarray) -> Any:
@@ -121,44 +98,6 @@ def _affine(x: Any, coefficients: np.ndarray, intercepts: np.ndarray) -> Any:
     w = jnp.asarray(coefficients.reshape(-1, x.shape[1]))
     scores = jnp.matmul(x, w.T, precision=lax.Precision.HIGHEST)
     return scores + jnp.asarray(intercepts) if intercepts.size else scores
-
-
-def _probit(p: Any) -> Any:
-    """``sqrt(2) * erfinv(2p - 1)``, erfinv by Winitzki's approximation (a = 0.147).
-
-    The approximation is the semantics: onnxruntime and onnx's reference both use it.
-    """
-    x = 2 * p - 1
-    log = jnp.log((1 - x) * (1 + x))
-    a = 2 / (math.pi * 0.147) + 0.5 * log
-    root = jnp.sqrt(jnp.sqrt(a * a - log / 0.147) - a)
-    return math.sqrt(2) * jnp.where(x < 0, -root, root)
-
-
-def _softmax_zero(scores: Any) -> Any:
-    """Softmax over each row that leaves (near-)zero scores out of the sum.
-
-    A score within 1e-7 of zero becomes ``score * exp(-max)`` instead of
-    ``exp(score - max)`` and adds nothing to the row's sum (a row of zeros
-    gives NaN, as in onnxruntime).
-    """
-    peak = jnp.max(scores, axis=1, keepdims=True)
-    kept = jnp.abs(scores) > 1e-7
-    values = jnp.where(kept, jnp.exp(scores - peak), scores * jnp.exp(-peak))
-    return values / jnp.sum(jnp.where(kept, values, 0), axis=1, keepdims=True)
-
-
-def _post_transform(scores: Any, transform: str) -> Any:
-    """A post-transform of ``[N, K]`` scores; a single column (K = 1) takes only PROBIT."""
-    if transform == "PROBIT":
-        return _probit(scores)
-    if scores.shape[1] == 1 or transform == "NONE":
-        return scores
-    if transform == "LOGISTIC":
-        return jax.nn.sigmoid(scores)
-    if transform == "SOFTMAX":
-        return jax.nn.softmax(scores, axis=1)
-    return _softmax_zero(scores)
 
 
 # ----------------------------------------------------------------------------- ops
@@ -172,7 +111,7 @@ def _array_feature_extractor(node: Node, x: Any, indices: Any) -> Any:
     one at least: indices known when the graph is compiled are checked then,
     the others after the run (an error naming the node, never a NaN).
     """
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     if not np.issubdtype(np.dtype(indices.dtype), np.integer):
         raise TypeError(f"{node.where}: input Y has dtype {indices.dtype}; it must be int64")
     _not_scalar(node, x)
@@ -204,7 +143,7 @@ def _scaler_check(node: Node) -> None:
 def _scaler(node: Node, x: Any) -> Any:
     """``(X - offset) * scale`` per feature (the last axis of ``[N, C]`` or ``[C]``), as float."""
     _scaler_check(node)
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     _not_scalar(node, x)
     scale, offset = _floats(node, "scale"), _floats(node, "offset")
     rank = np.ndim(x)
@@ -234,7 +173,7 @@ def _normalizer(node: Node, x: Any) -> Any:
     skipped). ``L2`` is ``sign(x) * sqrt(x**2 / sum(x**2))``. The output is float.
     """
     _normalizer_check(node)
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     if np.ndim(x) not in (1, 2):
         raise ValueError(
             f"{node.where}: input X has shape {list(np.shape(x))}; it must be [N, C] or [C]"
@@ -270,14 +209,14 @@ def _regressor_check(node: Node) -> None:
             f"{node.where}: {intercepts.size} intercepts for {targets} target(s); give one per "
             "target, or none"
         )
-    _transform(node)
+    post_transform_of(node)
 
 
 @register("LinearRegressor", domain=ML_DOMAIN, check=_regressor_check)
 def _linear_regressor(node: Node, x: Any) -> Any:
     """``X @ coefficients.reshape(targets, C).T + intercepts``, then the post-transform."""
     _regressor_check(node)
-    rows = _rows(node, x)
+    rows = feature_rows(node, x)
     coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
     targets = int(node["targets"])
     if coefficients.size != targets * rows.shape[1]:
@@ -286,7 +225,7 @@ def _linear_regressor(node: Node, x: Any) -> Any:
             f"{targets * rows.shape[1]} coefficients, got {coefficients.size}"
         )
     scores = _affine(rows, coefficients, intercepts)
-    return _post_transform(scores, _transform(node))
+    return post_transform(scores, post_transform_of(node))
 
 
 def _classifier_labels(node: Node, features: int | None = None) -> np.ndarray:
@@ -312,7 +251,7 @@ def _classifier_labels(node: Node, features: int | None = None) -> np.ndarray:
             "of them must name the classes"
         )
     labels = np.asarray(ints, np.int64)
-    transform = _transform(node)
+    transform = post_transform_of(node)
     coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
     classes = intercepts.size or (coefficients.size // features if features else 0)
     if features and (not classes or coefficients.size != classes * features):
@@ -356,12 +295,6 @@ def _classifier_check(node: Node) -> None:
         )
 
 
-def _first_max(scores: Any) -> Any:
-    """Each row's first largest column; a NaN never wins, and a NaN first column stays."""
-    best = jnp.argmax(jnp.where(jnp.isnan(scores), -jnp.inf, scores), axis=1)
-    return jnp.where(jnp.isnan(scores[:, 0]), 0, best)
-
-
 @register("LinearClassifier", domain=ML_DOMAIN, check=_classifier_check)
 def _linear_classifier(node: Node, x: Any) -> tuple[Any, Any]:
     """Labels ``[N]`` and scores ``[N, classes]`` of a linear model.
@@ -372,19 +305,19 @@ def _linear_classifier(node: Node, x: Any) -> tuple[Any, Any]:
     the score after a LOGISTIC post-transform, else the raw score
     (onnxruntime's convention).
     """
-    rows = _rows(node, x)
+    rows = feature_rows(node, x)
     labels = _classifier_labels(node, rows.shape[1])
     refuse_narrowing(f"{node.where}: classlabels_ints", labels)  # as 32-bit JAX computes
     coefficients, intercepts = _floats(node, "coefficients"), _floats(node, "intercepts")
     scores = _affine(rows, coefficients, intercepts)
-    transform = _transform(node)
+    transform = post_transform_of(node)
     table = jnp.asarray(labels)
     if scores.shape[1] == 1:
         score = scores[:, 0]
         label = jnp.where(score > 0, table[1], table[0])
         p = jax.nn.sigmoid(score) if transform == "LOGISTIC" else score
         return label, jnp.stack([1 - p, p], axis=1)
-    return jnp.take(table, _first_max(scores)), _post_transform(scores, transform)
+    return jnp.take(table, first_max(scores)), post_transform(scores, transform)
 
 
 @register("Binarizer", domain=ML_DOMAIN)
@@ -393,7 +326,7 @@ def _binarizer(node: Node, x: Any) -> Any:
 
     For integer X the comparison is exact: ``x > floor(threshold)``.
     """
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     threshold = float(node["threshold"])
     if np.dtype(x.dtype).kind == "f":  # onnxruntime refuses a NaN ("is NaN"), never a 0 for it
         check_at_run(f"{node.where}: input X holds {{}}, which is no number", xp_of(x).isnan(x), x)
@@ -528,7 +461,7 @@ def _imputer(node: Node, x: Any) -> Any:
     or ``[C]``); float attributes for float X, int64 ones for integer X.
     """
     imputed, replaced = _imputer_values(node)
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     _not_scalar(node, x)
     is_float = np.dtype(x.dtype).kind == "f"
     if is_float != (imputed.dtype.kind == "f"):
@@ -572,7 +505,7 @@ def _one_hot_encoder(node: Node, x: Any) -> Any:
     ``zeros=0`` a value in no category is an error, raised after the run.
     """
     cats = _one_hot_categories(node)
-    _check_dtype(node, x, "X", _FEATURES)
+    check_dtype(node, x, "X", FEATURES)
     refuse_narrowing(f"{node.where}: cats_int64s", cats)
     check_size(node, (*np.shape(x), cats.size), _F32)
     x = jnp.asarray(x)

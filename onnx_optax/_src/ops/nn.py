@@ -8,7 +8,7 @@ activation or a product, register it here under the section it belongs to.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,7 +18,9 @@ from jax import lax
 
 from onnx_optax._src.ops.arrays import (
     broadcast_check,
+    check_broadcasts_to,
     check_size,
+    matmul_shape,
     norm_axis,
     same_dtype,
     xp_sized,
@@ -148,38 +150,10 @@ register("Hardmax")(_softmax_like(_hardmax))
 # ----------------------------------------------------------------------------- linear algebra
 
 
-def _broadcasts_to(node: Node, name: str, value: Any, shape: Sequence[int]) -> None:
-    """Refuses ``value`` unless it broadcasts to ``shape`` one way (the result keeps ``shape``)."""
-    target = tuple(int(d) for d in shape)
-    try:
-        fits = np.broadcast_shapes(target, tuple(np.shape(value))) == target
-    except ValueError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"{node.where}: {name} of shape {list(np.shape(value))} does not broadcast to "
-            f"{list(target)}"
-        )
-
-
-def _matmul_shape(node: Node, a: Any, b: Any) -> list[int]:
-    """numpy.matmul's output shape, computed before anything is multiplied."""
-    sa, sb = list(np.shape(a)), list(np.shape(b))
-    if not sa or not sb or (sa[-1] != (sb[-2] if len(sb) > 1 else sb[0])):
-        raise ValueError(f"{node.where}: MatMul of shapes {sa} and {sb} do not match")
-    try:
-        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
-    except ValueError:
-        raise ValueError(
-            f"{node.where}: MatMul of shapes {sa} and {sb}: their batch dimensions do not broadcast"
-        ) from None
-    return [*batch, *sa[-2:-1], *(sb[-1:] if len(sb) > 1 else [])]
-
-
 @register("MatMul")
 def _matmul(node: Node, a: Any, b: Any) -> Any:
     same_dtype(node, a, b)
-    return xp_sized(node, _matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
+    return xp_sized(node, matmul_shape(node, a, b), a.dtype, a, b).matmul(a, b)
 
 
 def one_hot_product(ids: Any, b: Any) -> Any:
@@ -229,7 +203,7 @@ def _gemm(node: Node, a: Any, b: Any, c: Any = None) -> Any:
     shape = (a.shape[1 - inner_a], b.shape[1 - inner_b])
     check_size(node, shape, a.dtype)
     if c is not None:
-        _broadcasts_to(node, "C", c, shape)
+        check_broadcasts_to(node, "C", c, shape)
     out = lax.dot_general(a, b, (((inner_a,), (inner_b,)), ((), ())))
     alpha, beta = node["alpha"], node["beta"]
     if alpha != 1.0:

@@ -17,9 +17,15 @@ from jax import lax
 
 from onnx_optax._src import random_keys
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import check_at_run, norm_axes, norm_axis, same_dtype, xp_of
+from onnx_optax._src.ops.arrays import (
+    check_at_run,
+    check_broadcasts_to,
+    norm_axes,
+    norm_axis,
+    same_dtype,
+    xp_of,
+)
 from onnx_optax._src.ops.guard import register
-from onnx_optax._src.ops.nn import _broadcasts_to
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import canonical, is_static
 
@@ -99,9 +105,9 @@ def _instance_norm(node: Node, x: Any, scale: Any, bias: Any) -> Any:
 def _layer_norm(node: Node, x: Any, scale: Any, bias: Any = None) -> Any:
     rank = x.ndim
     axis = norm_axis(int(node["axis"]), rank, node.where)
-    _broadcasts_to(node, "Scale", scale, x.shape)
+    check_broadcasts_to(node, "Scale", scale, x.shape)
     if bias is not None:
-        _broadcasts_to(node, "B", bias, x.shape)
+        check_broadcasts_to(node, "B", bias, x.shape)
     stash = tensor_dtype(node["stash_type"], node.where)
     axes = tuple(range(axis, rank))
     xs = x.astype(canonical(stash))

@@ -25,10 +25,16 @@ import numpy as np
 from jax import lax
 
 from onnx_optax._src.onnx_tensors import tensor_dtype
-from onnx_optax._src.ops.arrays import cast_to, check_at_run, check_size, norm_axis, xp_of
+from onnx_optax._src.ops.arrays import (
+    cast_to,
+    check_at_run,
+    check_size,
+    matmul_shape,
+    norm_axis,
+    xp_of,
+)
 from onnx_optax._src.ops.convolution import convolve
 from onnx_optax._src.ops.guard import register
-from onnx_optax._src.ops.nn import _matmul_shape
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import is_static
 
@@ -317,7 +323,7 @@ def _int_matmul(node: Node, a: Any, b: Any, a_zp: Any, b_zp: Any) -> Any:
     A 1-D a_zero_point of a's rows is per row, a 1-D b_zero_point of b's
     columns per column; N-D ones broadcast (``[D1, D2, M, 1]``, ``[D1, D2, 1, N]``).
     """
-    out = _matmul_shape(node, a, b)
+    out = matmul_shape(node, a, b)
     check_size(node, out, np.int32)
     rows = (-1, 1) if np.ndim(a) >= 2 else None
     a32 = _minus(node, a, a_zp, "a_zero_point", rows)

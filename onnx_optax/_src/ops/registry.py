@@ -1,4 +1,7 @@
-"""The one registry of ONNX ops: :class:`Op` and :class:`Node`, ``REGISTRY`` and ``register``.
+"""The one registry of ONNX ops: :class:`Op` and :class:`Node`, ``REGISTRY`` and ``find_op``.
+
+A leaf of the ops package: it imports none of its modules (only the limits), so
+every family, helper and the graph core can import it.
 
 One registry, keyed by domain and then by op type (not by opset version):
 ``REGISTRY[""]["Relu"]``, also ``OPS["Relu"]`` (``OPS`` is the ``ai.onnx``

@@ -4,7 +4,7 @@ Col2Im sums sliding blocks back into an image: the image position of every
 block element is computed on the host from the static shapes, and one
 scatter-add puts them in place. DeformConv and RoiAlign sample their input
 bilinearly at traced points: the taps of every point are gathered at once
-(``image.sample_taps``, no loop over output positions) and weighted, so both
+(``sampling.sample_taps``, no loop over output positions) and weighted, so both
 are differentiable in the input and in the points' coordinates. RoiAlign's
 average over many points per bin (``sampling_ratio`` 0) is separable: per roi,
 a weight matrix over X's rows and one over its columns, no gather of each point.
@@ -20,8 +20,8 @@ import numpy as np
 
 from onnx_optax._src.ops.arrays import check_at_run, check_size, int_list, same_dtype, xp_of
 from onnx_optax._src.ops.guard import register
-from onnx_optax._src.ops.image import _work_dtype, grid_taps, sample_taps
 from onnx_optax._src.ops.registry import Node
+from onnx_optax._src.ops.sampling import grid_taps, sample_taps, work_dtype
 from onnx_optax._src.ops.values import canonical
 from onnx_optax._src.ops.windows import attr_ints, bias_check, group_of, kernel_of, window_spans
 
@@ -185,7 +185,7 @@ def _deform_conv(node: Node, x: Any, w: Any, offset: Any, b: Any = None, mask: A
     check_size(node, [n, m, *out], dtype)
     check_size(node, [n, c, k, p], dtype, "sampled columns")
     check_size(node, [k, p, rank], np.float64, "sampling points")
-    work = _work_dtype(x.dtype)
+    work = work_dtype(x.dtype)
     points = _deform_points(kernel, out, strides, dilations, begin)  # (K, P, r)
     moves = jnp.asarray(offset).astype(work).reshape(n * groups, k, rank, p)
     taps = []
@@ -341,7 +341,7 @@ def _roi_align(node: Node, x: Any, rois: Any, batch_indices: Any) -> Any:
     check_at_run(f"{node.where}: rois hold {{}}, not finite", ~xp_of(rois).isfinite(rois), rois)
     if r == 0 or c == 0:
         return jnp.zeros((r, c, out_h, out_w), dtype)
-    work = _work_dtype(x.dtype)
+    work = work_dtype(x.dtype)
     xp = np if isinstance(rois, np.ndarray) else jnp
     box = xp.asarray(rois).astype(work) * work.type(scale) - work.type(0.5 if half_pixel else 0)
     start_w, start_h, end_w, end_h = (box[:, i] for i in range(4))
