@@ -17,7 +17,7 @@ high-water mark so far) and the time each stage took. Run::
 and last the ratio of the peak to the weights' bytes (``--hidden 36864``: 0.3 GB of weights,
 for a machine that cannot hold the full size).
 
-``tests/test_big_model.py`` runs :func:`run` at a small size (marked ``slow`` to run it at
+``tests/training/test_big_model.py`` runs :func:`run` at a small size (marked ``slow`` to run it at
 full size: ``pytest -m slow``).
 """
 

@@ -7,7 +7,7 @@ disk by JAX (``JAX_COMPILATION_CACHE_DIR``, or
 process with the same model, shapes and JAX version loads it instead. Each model
 is timed in three fresh processes: without the cache, with an empty cache (it
 fills it) and with the filled cache. Models: the real exports of
-``tests/real_models.py`` (their packages are in the ``test`` extra), fine-tuned
+``tests/support/real_models.py`` (their packages are in the ``test`` extra), fine-tuned
 as the tests fine-tune them (``attach`` with their loss, Adam).
 
 Run from the repository root::
@@ -37,7 +37,7 @@ def child(name: str) -> None:
     import numpy as np
 
     from onnx_optax import backend, training
-    from tests.real_models import MODELS, attach_for_fine_tune, load
+    from tests.support.real_models import MODELS, attach_for_fine_tune, load
 
     real = {m.name: m for m in MODELS}[name]
     model = load(real)

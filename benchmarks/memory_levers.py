@@ -23,7 +23,7 @@ import numpy as np
 
 import onnx_optax
 from onnx_optax import training
-from tests.test_memory_levers import batch, deep
+from tests.training.test_memory_levers import batch, deep
 
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "default": {},

@@ -1,6 +1,6 @@
 """Real exported models on CPU: onnx_optax's forward (and training step) against onnxruntime.
 
-The models are the real exports the tests pin (``tests/real_models.py``: magika,
+The models are the real exports the tests pin (``tests/support/real_models.py``: magika,
 PaddleOCR's text-direction classifier, MTCNN's onet and rnet, captcha-whisperer's
 CRNN) and, with ``--zoo``, light zoo models shipped inside the onnx wheel
 (``onnx/backend/test/data/light``: ShuffleNet and ResNet-50; their weights are
@@ -67,7 +67,7 @@ from onnx_optax import backend, training
 from onnx_optax._src.ops import convolution
 from onnx_optax._src.write import write_file
 from onnx_optax.training._losses import softmax_logits
-from tests.real_models import MODELS, RealModel, attach_for_fine_tune, load
+from tests.support.real_models import MODELS, RealModel, attach_for_fine_tune, load
 
 ZOO = ("light_shufflenet", "light_resnet50", "light_squeezenet")
 ORT_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_training_step.py")

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 import onnx_optax
 
 # Property-based tests: a fixed, derandomized profile for CI, and a long one to run
-# by hand on a new device or JAX version: HYPOTHESIS_PROFILE=long pytest tests/test_properties.py
+# by hand on a new device or JAX version: HYPOTHESIS_PROFILE=long pytest tests/optimizers/test_properties.py
 settings.register_profile(
     "ci",
     max_examples=30,

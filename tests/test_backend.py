@@ -14,8 +14,8 @@ from onnx import helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax.backend import OnnxOptaxBackend, UnsupportedOperatorError  # noqa: E402
-from tests.onnx_suite import backend_test  # noqa: E402
-from tests.optimizers import DOMAIN  # noqa: E402
+from tests.support.onnx_suite import backend_test  # noqa: E402
+from tests.support.optimizers import DOMAIN  # noqa: E402
 
 CASES = (
     "adagrad",
@@ -31,7 +31,7 @@ DEVICES = [d for d in ("cpu", "cuda") if OnnxOptaxBackend.supports_device(d.uppe
 PATTERN = re.compile(rf"^test_({'|'.join(CASES)})_({'|'.join(DEVICES)})$")
 
 # The runner's own test functions for the seven optimizer node cases on every device
-# (one runner, shared with tests/onnx_suite.py, which runs the CPU cases with 64-bit JAX).
+# (one runner, shared with tests/support/onnx_suite.py, which runs the CPU cases with 64-bit JAX).
 _node_tests = backend_test().test_cases["OnnxBackendNodeModelTest"]
 OnnxBackendOptimizerNodeTest = type(
     "OnnxBackendOptimizerNodeTest",

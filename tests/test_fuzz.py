@@ -1,6 +1,6 @@
 """Hostile model files, fuzzed: mutated models end in a result or a documented exception.
 
-The fuzzer (``tests/fuzz_models.py``, mutations in ``tests/fuzz_mutations.py``)
+The fuzzer (``tests/support/fuzz_models.py``, mutations in ``tests/support/fuzz_mutations.py``)
 runs in a child process: a crash (a signal, say a segfault in protobuf, onnx's
 checker or XLA) or a hang would otherwise take pytest down with it or never
 end. The child gives each example a time limit (an alarm) and itself a memory
@@ -10,7 +10,7 @@ same ones every run: 175 of mutated fields and bytes, 75 of mutations the ops
 read (attribute values, wide nodes, subgraphs, nested Gradients, huge folded
 constants, swapped ops, retyped operands), about 20 s on 2 cores together;
 ``FUZZ_EXAMPLES=2000`` and ``FUZZ_OP_EXAMPLES=2000`` run more (``FUZZ_SEED=7``
-another stream), and ``python -m tests.fuzz_models --help`` runs it by hand
+another stream), and ``python -m tests.support.fuzz_models --help`` runs it by hand
 (``--findings`` for long runs that log each failing example and go on).
 """
 
@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 from onnx_optax import backend, training
-from tests import fuzz_models, fuzz_mutations
+from tests.support import fuzz_models, fuzz_mutations
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 # Examples of each kind of mutation (fuzz_models.MUTATIONS): the model's fields and bytes,
@@ -79,7 +79,7 @@ def run_child(command: list[str], record: Path, timeout: float) -> str | None:
 # Squeeze, ArgMax, the reductions); an ignore_index beyond int32 raises OverflowError in both
 # loss ops; constants folded by numpy raise RuntimeWarning (a Div by zero, a ReduceMean of
 # nothing) where warnings are errors; fixed in onnx_optax/_src/ops with tests in
-# test_hostile_ops.py and test_hostile_nn.py. Open (graph.py): run_node of a node with more
+# tests/ops/test_*_hostile.py. Open (graph.py): run_node of a node with more
 # outputs than its op computes (MatMul with 2) raises KeyError naming the extra output.
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))
 def test_mutated_models_end_in_a_result_or_a_documented_exception(
@@ -87,7 +87,7 @@ def test_mutated_models_end_in_a_result_or_a_documented_exception(
 ) -> None:
     record = tmp_path / "running-example.txt"
     examples = ["--examples", str(EXAMPLES[kind]), "--mutations", kind]
-    command = [sys.executable, "-m", "tests.fuzz_models", *examples]
+    command = [sys.executable, "-m", "tests.support.fuzz_models", *examples]
     if "FUZZ_SEED" in os.environ:
         command += ["--seed", os.environ["FUZZ_SEED"]]
     timeout = 300 + 2 * EXAMPLES[kind]  # 250 examples take about 20 s on 2 cores
@@ -95,7 +95,7 @@ def test_mutated_models_end_in_a_result_or_a_documented_exception(
     assert failure is None, failure
 
 
-# Inference models against onnxruntime (tests/fuzz_onnxruntime.py, issue 33): where onnxruntime
+# Inference models against onnxruntime (tests/support/fuzz_onnxruntime.py, issue 33): where onnxruntime
 # refuses a model or its feeds (not for want of a kernel), we refuse too. Derandomized, 150
 # examples in about 25 s; FUZZ_DIFFERENTIAL_EXAMPLES runs more, FUZZ_SEED another stream, and
 # FUZZ_COMPARE=1 also asks for the same outputs where both give a result, FUZZ_ODD_FEEDS=0
@@ -106,7 +106,7 @@ DIFFERENTIAL = int(os.environ.get("FUZZ_DIFFERENTIAL_EXAMPLES", "150"))
 
 def test_where_onnxruntime_refuses_a_model_or_its_feeds_we_refuse(tmp_path: Path) -> None:
     record = tmp_path / "running-example.txt"
-    command = [sys.executable, "-m", "tests.fuzz_models", "--differential"]
+    command = [sys.executable, "-m", "tests.support.fuzz_models", "--differential"]
     command += ["--examples", str(DIFFERENTIAL), "--last", str(record)]
     if "FUZZ_SEED" in os.environ:
         command += ["--seed", os.environ["FUZZ_SEED"]]
@@ -139,7 +139,7 @@ def _findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
     a node no output reads, of a type onnxruntime refuses (it type-checks and runs every
     node; a node that no output reads is not traced here).
     """
-    from tests import fuzz_onnxruntime
+    from tests.support import fuzz_onnxruntime
 
     seeds = fuzz_onnxruntime.seeds()
     x, i = np.ones((5, 3), np.float32), np.zeros(2, np.int64)
@@ -210,7 +210,7 @@ def _findings() -> dict[str, tuple[bytes, dict[str, np.ndarray]]]:
 
 @pytest.mark.parametrize("case", sorted(_findings()))
 def test_findings_of_the_differential_fuzzer_are_refused(case: str) -> None:
-    from tests import fuzz_onnxruntime
+    from tests.support import fuzz_onnxruntime
 
     blob, feeds = _findings()[case]
     _, refusal = fuzz_onnxruntime.ort_run(blob, feeds)
@@ -241,7 +241,7 @@ def test_the_runner_reports_a_crash_a_hang_and_a_failure(
 def test_an_example_past_its_time_limit_fails_the_run(tmp_path: Path) -> None:
     record = tmp_path / "running-example.txt"
     code = (
-        "import sys, time, tests.fuzz_models as fuzz\n"
+        "import sys, time, tests.support.fuzz_models as fuzz\n"
         "def hang(folder, data, **options):\n"
         "    fuzz._note('seed: mlp')\n"
         "    time.sleep(60)\n"

@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import onnx_optax
-from tests.optimizers import DOMAIN, OPTIMIZERS, keyed_rng, random_state_tensor, tolerance
+from tests.support.optimizers import DOMAIN, OPTIMIZERS, keyed_rng, random_state_tensor, tolerance
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402

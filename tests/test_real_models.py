@@ -1,4 +1,4 @@
-"""Real exported models (``tests/real_models.py``) through onnx_optax.
+"""Real exported models (``tests/support/real_models.py``) through onnx_optax.
 
 Each model's forward pass is compared with onnxruntime's, every output; its
 gradient with respect to a few weights (one held in a Constant node where the
@@ -28,8 +28,8 @@ import pytest
 
 from onnx_optax import backend
 from onnx_optax._src.graph import GraphFunction
-from tests import real_models
-from tests.real_models import MODELS, RealModel
+from tests.support import real_models
+from tests.support.real_models import MODELS, RealModel
 
 # Forward tolerance, float32 against float32. The outputs are reached through
 # up to ~60 layers whose reductions are at most a few thousand terms long, summed
@@ -41,7 +41,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 # Finite differences in float64: a central difference with step h = 1e-6 * max(1, |w|)
 # has a truncation error ~h**2 and a rounding error ~1e-16 * |loss| / h ~ 1e-8 here.
-# The checked elements have gradients of 1e-3 or more (tests/real_models.py).
+# The checked elements have gradients of 1e-3 or more (tests/support/real_models.py).
 FD_STEP, FD_RTOL, FD_ATOL = 1e-6, 1e-5, 1e-8
 
 
@@ -226,14 +226,14 @@ def test_gradient_matches_central_differences(case: Case) -> None:
 # -- ONNX's light zoo models (generated weights: every one 0.02)
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-# Those with LRN (bvlc_alexnet, inception_v1, zfnet512) run in tests/test_lrn.py.
+# Those with LRN (bvlc_alexnet, inception_v1, zfnet512) run in tests/ops/test_normalization_lrn.py.
 LIGHT_ZOO = ("densenet121", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19")
 
 
 @pytest.mark.parametrize("name", LIGHT_ZOO)
 def test_light_zoo_model_matches_onnxruntime(name: str) -> None:
     """The final softmax, against onnxruntime's. SqueezeNet's logits are all about 6.5e9
-    and equal: its softmax was NaN (see tests/test_xla_cpu.py)."""
+    and equal: its softmax was NaN (see tests/graph/test_xla_cpu.py)."""
     model = onnx.load(str(LIGHT / f"light_{name}.onnx"))
     initializers = {init.name for init in model.graph.initializer}
     (data,) = [i for i in model.graph.input if i.name not in initializers]

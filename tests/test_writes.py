@@ -24,8 +24,8 @@ from onnx_optax import backend, cli, training
 from onnx_optax._src import npz, write
 from onnx_optax.cli import demo
 from onnx_optax.training import _export
-from tests.test_cli import _inference_model, _npz
-from tests.test_session import assert_same, data, trained
+from tests.cli.test_cli import _inference_model, _npz
+from tests.training.test_session import assert_same, data, trained
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY = b"a file outside the model's folder, which no save may touch\n"
@@ -131,7 +131,7 @@ def test_a_full_disk_while_saving_leaves_the_previous_model(tmp_path: Path) -> N
     script = """
         import resource, signal, sys
         from pathlib import Path
-        from tests.test_session import data, trained
+        from tests.training.test_session import data, trained
 
         folder = Path(sys.argv[1])
         session = trained(1)

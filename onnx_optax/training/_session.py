@@ -133,7 +133,7 @@ class Session(Feeds, LearningRate, Inferring, Saving, Placement):
     own rows. A replicated state is then the same in every process, and any
     one of them can :meth:`save` it; with ``shard_parameters`` every process
     calls :meth:`save` (or :attr:`initializers`), which gathers. Tested with
-    two processes of four CPU devices each (``tests/test_multiprocess.py``).
+    two processes of four CPU devices each (``tests/training/test_multiprocess.py``).
 
     The learning rate changes between steps as onnxruntime-training's
     ``optimizer.set_learning_rate`` does, keeping V, H and T: :attr:`attach`

@@ -73,7 +73,7 @@ def is_default(device: jax.Device) -> bool:
 
 
 # XLA options of the graphs compiled here, on the CPU: LLVM's optimization level 1
-# instead of the default. Measured on the real exports (tests/real_models.py): the
+# instead of the default. Measured on the real exports (tests/support/real_models.py): the
 # first training step's XLA compile took 25% less (PaddleOCR's classifier 12.0 to 9.1 s,
 # the CRNN 5.5 to 4.7 s) and the steps and forwards ran as fast (within the noise of
 # a few percent); at level 0 the steps ran 2-3x slower. Other JAX code of the process

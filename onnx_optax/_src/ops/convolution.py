@@ -120,7 +120,7 @@ def channels_last_conv(
     at compile time) and on the result: without the latter XLA:CPU fused a conv whose
     weight is a broadcast constant with the reduction that follows into one YNNPACK
     fusion, dropping the barrier on the weight, and read garbage (light_squeezenet's
-    mean came out -8e28, its softmax NaN; tests/test_xla_cpu.py).
+    mean came out -8e28, its softmax NaN; tests/graph/test_xla_cpu.py).
     """
     n = x.ndim - 2
     spatial = "DHW"[3 - n :]
