@@ -27,7 +27,6 @@ from typing import Any
 import jax
 import numpy as np
 
-import onnx_optax
 from onnx_optax._src.ops import pools
 from onnx_optax._src.ops.registry import Node
 
@@ -93,5 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-import onnx_optax
 from onnx_optax._src.ops import convolution
 
 
@@ -159,5 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     main()

@@ -788,5 +788,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    onnx_optax.reuse_host_memory()  # as the onnx-optax command does (docs/performance.md)
     sys.exit(main())

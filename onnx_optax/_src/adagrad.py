@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import DTypeLike
 
-from onnx_optax._src import checks, driver
+from onnx_optax._src import arguments, checks, driver
 from onnx_optax._src.driver import Transformation, cast
 
 
@@ -57,7 +57,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
-@driver.explain_arguments("onnx_optax.adagrad")
+@arguments.explain_arguments("onnx_optax.adagrad")
 def adagrad(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -143,7 +143,7 @@ def adagrad(
 # ----------------------------------------------------------------------- the op
 
 
-@driver.explain_arguments("onnx_optax.ops.adagrad")
+@arguments.explain_arguments("onnx_optax.ops.adagrad")
 def adagrad_op(
     R: Any,
     T: Any,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import DTypeLike
 
-from onnx_optax._src import driver
+from onnx_optax._src import arguments, driver
 from onnx_optax._src.driver import Transformation, cast
 
 
@@ -101,7 +101,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
-@driver.explain_arguments("onnx_optax.adam")
+@arguments.explain_arguments("onnx_optax.adam")
 def adam(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -193,7 +193,7 @@ def adam(
 # ----------------------------------------------------------------------- the op
 
 
-@driver.explain_arguments("onnx_optax.ops.adam")
+@arguments.explain_arguments("onnx_optax.ops.adam")
 def adam_op(
     R: Any,
     T: Any,

@@ -1,6 +1,6 @@
 """Every limit on what a stranger's model or file may ask for, each written once.
 
-A model is checked against :class:`Limits` when it is loaded (``load.py``), and its
+A model is checked against :class:`Limits` when it is loaded (``graph/load.py``), and its
 graph against the same values while it is traced (``graph``); a user raises one
 with ``limits=Limits(nodes=...)``. The module constants below are the defaults the
 rest of the package reads (the op registry's largest tensor, the ``.npz`` reader's

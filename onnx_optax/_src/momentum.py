@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import DTypeLike
 
-from onnx_optax._src import driver
+from onnx_optax._src import arguments, driver
 from onnx_optax._src.driver import Transformation, cast
 
 Mode = Literal["standard", "nesterov"]
@@ -71,7 +71,7 @@ def _step(
 # ----------------------------------------------------------- the transformation
 
 
-@driver.explain_arguments("onnx_optax.momentum")
+@arguments.explain_arguments("onnx_optax.momentum")
 def momentum(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -150,7 +150,7 @@ def momentum(
     return driver.transformation(OPERATOR, where, attributes, learning_rate, options)
 
 
-@driver.explain_arguments("onnx_optax.nesterov")
+@arguments.explain_arguments("onnx_optax.nesterov")
 def nesterov(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -206,7 +206,7 @@ def nesterov(
 # ----------------------------------------------------------------------- the op
 
 
-@driver.explain_arguments("onnx_optax.ops.momentum")
+@arguments.explain_arguments("onnx_optax.ops.momentum")
 def momentum_op(
     R: Any,
     T: Any,

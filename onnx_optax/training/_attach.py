@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+import onnx_optax.training._loss_scale as loss_scaling
 from onnx_optax._src.driver import Transformation
 from onnx_optax._src.graph import GRADIENT
 from onnx_optax._src.onnx_nodes import (
@@ -25,7 +26,6 @@ from onnx_optax._src.onnx_nodes import (
 from onnx_optax._src.onnx_tensors import tensor_dtype
 from onnx_optax._src.packed import PackedTree
 from onnx_optax._src.registry import operator_of
-from onnx_optax.training import _loss_scale
 from onnx_optax.training._clipping import clip_by_global_norm_nodes
 from onnx_optax.training._compute import master_weights, to_bfloat16
 from onnx_optax.training._dropout import train_dropout
@@ -343,8 +343,8 @@ class _Loss:
         """With ``loss_scale``: the Gradient differentiates the loss times S."""
         self.differentiated = self.value
         if loss_scale is not None:
-            self.initial, self.period = _loss_scale.check_options(loss_scale, period)
-            scaling_nodes, self.differentiated, self.scale_name = _loss_scale.scaled_loss(
+            self.initial, self.period = loss_scaling.check_options(loss_scale, period)
+            scaling_nodes, self.differentiated, self.scale_name = loss_scaling.scaled_loss(
                 self.value, names
             )
             self.nodes += scaling_nodes
@@ -400,7 +400,7 @@ def _gradient(
     ]
     ok = ""
     if loss.scale_name:
-        unscaling, grads, ok = _loss_scale.unscaled(grads, loss.scale_name, dtype, names)
+        unscaling, grads, ok = loss_scaling.unscaled(grads, loss.scale_name, dtype, names)
         nodes += unscaling
     clipping, grads = clip_by_global_norm_nodes(grads, clip_global_norm, names, dtype)
     nodes += clipping
@@ -542,12 +542,12 @@ def _skipped(
     Renames ``algorithm_outputs`` in place and extends them; ``loss.stored`` gets S's
     initializers. Returns the new binding and the nodes.
     """
-    skipping, wrapped = _loss_scale.kept(ok, binding, names)
+    skipping, wrapped = loss_scaling.kept(ok, binding, names)
     renamed = {binding[key]: wrapped[key] for key in binding}  # each output, its Where's
     for output in algorithm_outputs:
         output.name = renamed.get(output.name, output.name)
     binding = wrapped
-    scaling = _loss_scale.updated(ok, loss.scale_name, loss.initial, loss.period, names)
+    scaling = loss_scaling.updated(ok, loss.scale_name, loss.initial, loss.period, names)
     binding.update(scaling.binding)
     algorithm_outputs += scaling.outputs
     loss.stored = list(scaling.initializers)

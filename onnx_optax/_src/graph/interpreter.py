@@ -111,6 +111,7 @@ class GraphFunction(Runner):
         self.max_traced_nodes = max_traced_nodes
         self.max_gradient_depth = max_gradient_depth
         self.passes: tuple[Pass, ...] = chosen(passes)
+        self._lowerings = [each.lower for each in self.passes if each.lower is not None]
         self.opsets = {
             ("" if k in STANDARD_DOMAINS else k): int(v) for k, v in (opsets or {}).items()
         }
@@ -224,8 +225,7 @@ class GraphFunction(Runner):
 
     def _step(self, index: int) -> Step:
         if index not in self._steps:
-            lowerings = [each.lower for each in self.passes if each.lower is not None]
-            step = make_step(self, self.edges.nodes[index], lowerings)
+            step = make_step(self, self.edges.nodes[index], self._lowerings)
             self._steps[index] = step
             if isinstance(step, GradientStep):
                 stop = set(step.xs) | set(step.zs)

@@ -107,7 +107,9 @@ def _attribute_value(attribute: Any, where: str) -> Any:
     kind = attribute.type
     if kind == onnx.AttributeProto.TENSOR:
         return read_tensor(attribute.t, f"{where} attribute '{attribute.name}'")
-    if kind == onnx.AttributeProto.GRAPH:  # the graph makes it a callable (graph.Subgraph)
+    if (
+        kind == onnx.AttributeProto.GRAPH
+    ):  # the graph makes it a callable (graph/steps.py's Subgraph)
         return attribute.g
     if kind == onnx.AttributeProto.GRAPHS:
         return list(attribute.graphs)

@@ -13,11 +13,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from onnx_optax._src.ops import convolution
 from onnx_optax._src.ops.arrays import check_size, same_dtype
 from onnx_optax._src.ops.convolution import (
     Geometry,
     convolve,
-    grouped_conv,
 )
 from onnx_optax._src.ops.guard import register
 from onnx_optax._src.ops.registry import Node
@@ -131,7 +131,7 @@ def _conv_transpose(node: Node, x: Any, w: Any, b: Any = None) -> Any:
         before = span - 1 - lo
         # the dilated input (s * (size - 1) + 1) padded to give `out` windows of `span`
         padding.append((before, out + span - 1 - before - (s * (size - 1) + 1)))
-    y = grouped_conv(x, kernel_w, Geometry([1] * n, padding, strides, dilations, group))
+    y = convolution.grouped_conv(x, kernel_w, Geometry([1] * n, padding, strides, dilations, group))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * n)
     return y

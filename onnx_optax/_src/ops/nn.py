@@ -159,7 +159,7 @@ def _matmul(node: Node, a: Any, b: Any) -> Any:
 def one_hot_product(ids: Any, b: Any) -> Any:
     """``MatMul(one_hot(ids, K), B)`` for integer ``ids`` and B (K, M), as the rows of B the
     ids pick: the product's values, not its work (the graph uses it for an exporter's
-    one-hot embedding; see ``graph._OneHotProductStep``).
+    one-hot embedding; see the graph pass ``graph/passes/one_hot.py``).
 
     Exactly what the product gives: an id outside 0..K-1 picks no row (zeros), and
     column j is NaN where a row the id does not pick holds an inf or NaN there (0 x inf

@@ -202,9 +202,9 @@ def _quantize_linear(node: Node, x: Any, scale: Any, zero_point: Any = None) -> 
     derivative 1, saturation 0.
 
     .. warning:: The graph must call both ops as they are: a node the graph
-       replays from an earlier node's recorded trace (graph.py's ``_Replay``)
+       replays from an earlier node's recorded trace (``graph/replay.py``'s ``Replay``)
        hands DequantizeLinear a new tracer, whose shadow is not found, and the
-       derivative is 0. Listing both op types in ``graph.UNREPLAYED`` keeps them
+       derivative is 0. Listing both op types in ``graph/replay.py``'s ``UNREPLAYED`` keeps them
        called; until then a ``training.attach`` step through Q/DQ trains nothing
        upstream of the QuantizeLinear.
     """
