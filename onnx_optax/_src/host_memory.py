@@ -24,8 +24,9 @@ The price, for the whole process: a freed block up to ``MMAP_THRESHOLD`` (a scra
 a numpy array) stays in the heap for later allocations instead of returning to the
 system, and every JAX computation on the CPU returns once its result is ready. That is
 why importing onnx_optax changes nothing: :func:`reuse_host_memory` is an explicit call,
-``onnx_optax.reuse_host_memory()``, which the ``onnx-optax`` command (a process of its
-own) and the benchmarks make first; a program of yours makes it if it wants the same.
+``onnx_optax.reuse_host_memory()``, which the ``onnx-optax`` commands that run graphs (each a
+process of its own) and the graph benchmarks make first; a program of yours makes it if it
+wants the same.
 ``ONNX_OPTAX_HOST_MEMORY=system`` turns the call into a no-op (the command's opt-out).
 Dispatch can only be chosen before JAX starts its backends (any computation,
 ``jax.devices()``), so it is left as it is after that, or when
@@ -58,8 +59,8 @@ def reuse_host_memory() -> bool:
     ``jax_cpu_enable_async_dispatch`` off (runs on the calling thread, whose heap can hold
     such a block) unless JAX's backends have started or ``JAX_CPU_ENABLE_ASYNC_DISPATCH``
     is set. The price: freed blocks up to 1 GiB stay in the process, and CPU computations
-    return once ready. Importing onnx_optax never does this; the ``onnx-optax`` command and
-    the benchmarks call it first. Call it before any JAX computation.
+    return once ready. Importing onnx_optax never does this; the ``onnx-optax`` commands that
+    run graphs and the graph benchmarks call it first. Call it before any JAX computation.
 
     Returns whether malloc was tuned: False off Linux, without glibc, or when
     ``ONNX_OPTAX_HOST_MEMORY=system``. Calling it again changes nothing more.
