@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax._src.graph import GRADIENT
+from onnx_optax._src.graph import GRADIENT, latest_opset
 from onnx_optax._src.onnx_nodes import DOMAIN, OPSET_VERSION, OptimizerNode, describe, listed
 from onnx_optax._src.onnx_tensors import read_tensor
-from onnx_optax._src.ops import STANDARD_DOMAINS, read_attributes
+from onnx_optax._src.ops import OPS, STANDARD_DOMAINS, Node, read_attributes
 
 __all__ = [
     "SESSION",
@@ -111,9 +111,6 @@ def producers(*graphs: Any) -> dict[str, Any]:
 
 def constant_value(node: Any) -> np.ndarray:
     """The value of a Constant node."""
-    from onnx_optax._src.graph import latest_opset
-    from onnx_optax._src.ops import OPS, Node
-
     where = describe(node)
     attrs = read_attributes(node, latest_opset(), where)
     return np.asarray(OPS["Constant"].fn(Node(attrs, latest_opset(), where, 1)))
