@@ -23,7 +23,8 @@ import numpy as np
 
 import onnx_optax
 from onnx_optax import training
-from tests.training.test_memory_levers import batch, deep
+from tests.support.training_models import deep
+from tests.support.training_models import deep_batch as batch
 
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "default": {},

@@ -24,8 +24,11 @@ from onnx_optax import backend, cli, training
 from onnx_optax._src import npz, write
 from onnx_optax.cli import demo
 from onnx_optax.training import _export
-from tests.cli.test_cli import _inference_model, _npz
-from tests.training.test_session import assert_same, data, trained
+from tests.support.builders import assert_same
+from tests.support.builders import inference_model as _inference_model
+from tests.support.builders import write_npz as _npz
+from tests.support.training_models import session_data as data
+from tests.support.training_models import trained
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY = b"a file outside the model's folder, which no save may touch\n"
@@ -131,7 +134,7 @@ def test_a_full_disk_while_saving_leaves_the_previous_model(tmp_path: Path) -> N
     script = """
         import resource, signal, sys
         from pathlib import Path
-        from tests.training.test_session import data, trained
+        from tests.support.training_models import session_data as data, trained
 
         folder = Path(sys.argv[1])
         session = trained(1)

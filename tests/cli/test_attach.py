@@ -8,9 +8,7 @@ compared with a second session attached at that rate from the same state.
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -27,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import interop, training  # noqa: E402
 from onnx_optax.training import _metrics, schedules  # noqa: E402
+from tests.support.builders import compilations as _compilations  # noqa: E402
 
 F32 = TensorProto.FLOAT
 # tf2onnx's names: long, with slashes and colons.
@@ -34,8 +33,6 @@ PREFIX = "StatefulPartitionedCall/sequential_1"
 K1, B1 = f"{PREFIX}/dense_1/MatMul/ReadVariableOp:0", f"{PREFIX}/dense_1/BiasAdd/ReadVariableOp:0"
 K2, B2 = f"{PREFIX}/dense_2/MatMul/ReadVariableOp:0", f"{PREFIX}/dense_2/BiasAdd/ReadVariableOp:0"
 HALF = f"{PREFIX}/scale/half:0"
-# JAX records this event once per XLA compilation (not for a cached executable).
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def _mlp() -> onnx.ModelProto:
@@ -121,23 +118,6 @@ def _node(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
 
 def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-@contextlib.contextmanager
-def _compilations() -> Iterator[list[str]]:
-    """The XLA compilations inside the block, as JAX reports them."""
-    events: list[str] = []
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        del duration, kwargs
-        if event == COMPILE_EVENT:
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 # ----------------------------------------------------------------------------- what trains

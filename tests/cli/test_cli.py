@@ -13,6 +13,8 @@ import pytest
 import onnx_optax
 from onnx_optax import cli
 from onnx_optax.cli import bench
+from tests.support.builders import inference_model as _inference_model
+from tests.support.builders import write_npz as _npz
 
 OPTIMIZERS = ("adagrad", "adam", "momentum", "nesterov")
 REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
@@ -220,32 +222,6 @@ def test_bench_runs_no_harness_of_a_folder_that_is_not_a_clone(
 
 
 # ----------------------------------------------------------------------------- attach, check, train
-
-
-def _inference_model(path: pathlib.Path) -> None:
-    """A 4-3 linear classifier saved to ``path``."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "W", "b"], ["logits"])],
-        "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
-        initializer=[
-            numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "W"),
-            numpy_helper.from_array(np.zeros(3, np.float32), "b"),
-        ],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
-
-
-def _npz(path: pathlib.Path, **arrays: object) -> None:
-    import numpy as np
-
-    np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
 def test_attach_check_train_and_resume(tmp_path: pathlib.Path) -> None:

@@ -29,14 +29,12 @@ onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
 
 from onnx_optax import cli, training  # noqa: E402
-from tests.support.training_models import (  # noqa: E402
-    _adagrad_model,
-    _attached,
-    _gradient,
-    _set_attribute,
-    _set_initializer,
-)
-from tests.training.test_training import mlp  # noqa: E402
+from tests.support.training_models import adagrad_model as _adagrad_model  # noqa: E402
+from tests.support.training_models import attached_mse as _attached  # noqa: E402
+from tests.support.training_models import gradient_node as _gradient  # noqa: E402
+from tests.support.training_models import mlp  # noqa: E402
+from tests.support.training_models import set_attribute as _set_attribute  # noqa: E402
+from tests.support.training_models import set_initializer as _set_initializer  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -50,7 +48,8 @@ def test_train_refuses_two_outputs_in_one_file(
     """-o m.onnx --inference m.onnx wrote the trained model, then replaced it with the
     inference model: the training state was lost, exit 0. Now exit 2 before any step."""
     from onnx_optax import cli
-    from tests.cli.test_cli import _inference_model, _npz
+    from tests.support.builders import inference_model as _inference_model
+    from tests.support.builders import write_npz as _npz
 
     _inference_model(tmp_path / "in.onnx")
     assert cli.main(["attach", str(tmp_path / "in.onnx"), "-o", str(tmp_path / "t.onnx")]) == 0

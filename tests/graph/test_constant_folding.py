@@ -17,7 +17,7 @@ import pytest
 
 from onnx_optax import backend
 from onnx_optax._src.graph import GraphFunction
-from tests.training.test_session_run import compilations
+from tests.support.builders import compilations
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

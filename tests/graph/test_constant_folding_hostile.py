@@ -14,7 +14,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
-from tests.support.graph_models import LIMIT_HINT, _outcome  # noqa: E402
+from tests.support.graph_models import LIMIT_HINT  # noqa: E402
+from tests.support.graph_models import run_capped_60s as _outcome  # noqa: E402
 
 
 def _expand_sum_script(shape: list[int], symbolic_input: bool, constants: bool) -> str:

@@ -246,7 +246,9 @@ def test_a_session_step_of_an_attached_mlp_has_the_products_of_value_and_grad() 
     in the compiled step's trace as jax.value_and_grad of the network by hand."""
     import onnx_optax
     from onnx_optax import training
-    from tests.training.test_training import _forward, _params, data, mlp
+    from tests.support.training_models import data, mlp
+    from tests.support.training_models import mlp_forward as _forward
+    from tests.support.training_models import mlp_params as _params
 
     session = training.Session(training.attach(mlp(), optimizer=onnx_optax.adam(0.01)))
     inputs = data()

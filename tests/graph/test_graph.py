@@ -21,14 +21,11 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.onnx_tensors import read_tensor  # noqa: E402
 from onnx_optax.backend import UnsupportedOperatorError  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(11)
-
-
-def _vi(name: str, elem: int = F32, shape: list[int] | None = None) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def _model(

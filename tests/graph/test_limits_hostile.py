@@ -27,7 +27,12 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from tests.support.op_models import F32, F64, I64, _constant, _model, _onnxruntime, _ours, _vi  # noqa: E402
+from tests.support.builders import onnxruntime_outputs as _onnxruntime  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.op_models import F32, F64, I64  # noqa: E402
+from tests.support.op_models import constant_node as _constant  # noqa: E402
+from tests.support.op_models import opset_model as _model  # noqa: E402
+from tests.support.op_models import ours as _ours  # noqa: E402
 
 LIMIT_HINT = r"limits=Limits\(tensor_bytes=\.\.\.\)"
 

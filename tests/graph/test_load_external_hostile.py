@@ -13,10 +13,10 @@ from onnx import helper  # noqa: E402
 from onnx_optax import backend, interop  # noqa: E402
 from tests.support.external_data import (  # noqa: E402
     CANARY,
-    _external,
-    _trained_model,
     canary_cwd,  # noqa: F401 (fixtures)
 )
+from tests.support.external_data import make_external as _external  # noqa: E402
+from tests.support.external_data import trained_model as _trained_model  # noqa: E402
 
 
 @pytest.mark.usefixtures("canary_cwd")

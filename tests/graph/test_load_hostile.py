@@ -18,7 +18,9 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend, training  # noqa: E402
-from tests.support.graph_models import BIG, DOMAIN, F32, I64, _model, _vi  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.graph_models import BIG, DOMAIN, F32, I64  # noqa: E402
+from tests.support.graph_models import model_with_training as _model  # noqa: E402
 
 X64_HINT = r"jax\.config\.update\('jax_enable_x64', True\)"
 

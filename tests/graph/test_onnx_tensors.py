@@ -19,6 +19,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.onnx_tensors import read_tensor  # noqa: E402
+from tests.support.builders import onnxruntime_outputs as onnxruntime_run  # noqa: E402
 
 PACKED = ["INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"]
 IN_ORT = {"INT4", "UINT4", "FLOAT4E2M1"}  # the packed types onnxruntime's Cast reads
@@ -44,11 +45,6 @@ def cast_model(t: TensorProto) -> onnx.ModelProto:
         initializer=[t],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-
-
-def onnxruntime_run(model: onnx.ModelProto) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(session.run(None, {}))
 
 
 def packed(name: str, values: int) -> TensorProto:

@@ -22,7 +22,10 @@ from onnx import helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from tests.support import oracle  # noqa: E402
-from tests.support.graph_models import F32, _graph_model, _outcome, _vi  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.graph_models import F32  # noqa: E402
+from tests.support.graph_models import opset21_model as _graph_model  # noqa: E402
+from tests.support.graph_models import run_capped_60s as _outcome  # noqa: E402
 
 # ----------------------------------------------------------------------------- 4. large nodes
 

@@ -34,15 +34,9 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from tests.support.node_models import (  # noqa: E402
-    NAMED,
-    F,
-    _outcome,
-    _random,
-    assert_as_onnxruntime,
-    node_model,
-    theirs,
-)
+from tests.support.builders import run_capped as _outcome  # noqa: E402
+from tests.support.node_models import NAMED, F, assert_as_onnxruntime, node_model, theirs  # noqa: E402
+from tests.support.node_models import random_floats as _random  # noqa: E402
 
 
 @pytest.mark.parametrize(

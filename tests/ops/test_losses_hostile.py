@@ -19,17 +19,13 @@ from onnx import helper, numpy_helper  # noqa: E402
 
 import onnx_optax  # noqa: E402
 from onnx_optax import training  # noqa: E402
-from tests.support.op_models import (  # noqa: E402
-    F32,
-    I32,
-    I64,
-    _constant,
-    _model,
-    _onnxruntime,
-    _ours,
-    _refused_by_onnxruntime,
-    _vi,
-)
+from tests.support.builders import onnxruntime_outputs as _onnxruntime  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.op_models import F32, I32, I64  # noqa: E402
+from tests.support.op_models import constant_node as _constant  # noqa: E402
+from tests.support.op_models import opset_model as _model  # noqa: E402
+from tests.support.op_models import ours as _ours  # noqa: E402
+from tests.support.op_models import refused_by_onnxruntime as _refused_by_onnxruntime  # noqa: E402
 
 
 def _loss_model(op: str, ignore_index: int | None = None) -> onnx.ModelProto:

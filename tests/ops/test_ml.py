@@ -31,6 +31,7 @@ from sklearn.svm import LinearSVC  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax.backend import UnsupportedOperatorError  # noqa: E402
+from tests.support.builders import onnxruntime_outputs  # noqa: E402
 
 ML = "ai.onnx.ml"
 F32, F64, I32, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64
@@ -40,11 +41,6 @@ _rng = np.random.default_rng(0)
 X = _rng.normal(size=(24, 4)).astype(np.float32)
 Y2 = (X[:, 0] + 0.3 * X[:, 1] > 0).astype(np.int64)
 Y3 = Y2 + (X[:, 2] > 0.4)
-
-
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[Any]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(session.run(None, dict(feeds)))
 
 
 def assert_same(name: str, ours: np.ndarray, theirs: np.ndarray) -> None:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from tests.support.node_models import _FOLDED, _outcome  # noqa: E402
+from tests.support.builders import run_capped as _outcome  # noqa: E402
+from tests.support.node_models import FOLDED as _FOLDED  # noqa: E402
 
 
 def test_matmul_of_constant_vectors_is_not_computed_on_the_host() -> None:

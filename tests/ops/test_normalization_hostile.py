@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from tests.support.op_models import F32, _one_node, _ours, _refused_by_onnxruntime, _vi  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.op_models import F32  # noqa: E402
+from tests.support.op_models import one_node as _one_node  # noqa: E402
+from tests.support.op_models import ours as _ours  # noqa: E402
+from tests.support.op_models import refused_by_onnxruntime as _refused_by_onnxruntime  # noqa: E402
 
 
 @pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])

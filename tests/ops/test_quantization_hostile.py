@@ -21,7 +21,7 @@ from onnx import TensorProto  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from tests.support.audit_inputs import _x  # noqa: E402
+from tests.support.audit_inputs import seeded_floats as _x  # noqa: E402
 from tests.support.node_models import NAMED, assert_as_onnxruntime, node_model, theirs  # noqa: E402
 
 

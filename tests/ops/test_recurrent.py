@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.graph import GraphFunction  # noqa: E402
+from tests.support.builders import onnxruntime_outputs as run_onnxruntime  # noqa: E402
 
 F32, F64, I32 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -120,11 +121,6 @@ def make_feeds(
     if "P" in given and op == "LSTM":
         feeds["P"] = normal(directions, 3 * HIDDEN) * 0.5
     return feeds
-
-
-def run_onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 ALL = {"B", "sequence_lens", "initial_h", "initial_c", "P"}

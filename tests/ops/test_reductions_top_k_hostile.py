@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.audit_inputs import I64, F, _x
+from tests.support.audit_inputs import I64, F
+from tests.support.audit_inputs import seeded_floats as _x
 from tests.support.node_models import assert_as_onnxruntime, node_model, theirs
 
 

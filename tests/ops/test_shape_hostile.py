@@ -22,19 +22,14 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from tests.support.op_models import (  # noqa: E402
-    F32,
-    I32,
-    I64,
-    X3,
-    _constant,
-    _model,
-    _one_node,
-    _onnxruntime,
-    _ours,
-    _refused_by_onnxruntime,
-    _vi,
-)
+from tests.support.builders import onnxruntime_outputs as _onnxruntime  # noqa: E402
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.op_models import F32, I32, I64, X3  # noqa: E402
+from tests.support.op_models import constant_node as _constant  # noqa: E402
+from tests.support.op_models import one_node as _one_node  # noqa: E402
+from tests.support.op_models import opset_model as _model  # noqa: E402
+from tests.support.op_models import ours as _ours  # noqa: E402
+from tests.support.op_models import refused_by_onnxruntime as _refused_by_onnxruntime  # noqa: E402
 
 # ----------------------------------------------------------------------------- 6. silent results
 

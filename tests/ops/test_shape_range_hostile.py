@@ -16,16 +16,11 @@ onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
-from tests.support.graph_models import (  # noqa: E402
-    BIG,
-    F32,
-    I64,
-    LIMIT_HINT,
-    _graph_model,
-    _model,
-    _outcome,
-    _vi,
-)
+from tests.support.builders import value_info as _vi  # noqa: E402
+from tests.support.graph_models import BIG, F32, I64, LIMIT_HINT  # noqa: E402
+from tests.support.graph_models import model_with_training as _model  # noqa: E402
+from tests.support.graph_models import opset21_model as _graph_model  # noqa: E402
+from tests.support.graph_models import run_capped_60s as _outcome  # noqa: E402
 
 
 def test_int64_shape_arithmetic_stays_exact_under_32_bit_jax() -> None:

@@ -34,6 +34,7 @@ from sklearn.ensemble import (  # noqa: E402
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
+from tests.support.builders import onnxruntime_outputs as _onnxruntime  # noqa: E402
 
 ML = "ai.onnx.ml"
 _rng = np.random.default_rng(0)
@@ -49,11 +50,6 @@ def _export(model: Any, y: Any, x: np.ndarray = X) -> onnx.ModelProto:
         model.fit(X, y)
         options = {id(model): {"zipmap": False}} if hasattr(model, "predict_proba") else None
         return to_onnx(model, x[:1], options=options, target_opset={"": 17, ML: 3})
-
-
-def _onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(session.run(None, feeds))
 
 
 CLASSIFIERS = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,25 +14,15 @@ import numpy as np
 import optax
 import pytest
 
-from tests.support.optimizers import NAMES, OPTIMIZERS
+from tests.support.optimizers import ATTRIBUTES, NAMES, OPTIMIZERS
+from tests.support.optimizers import digest as _digest
+from tests.support.optimizers import fixed_inputs as _fixed_inputs
 
 STEPS = 10_000
 # float64 trajectories of 10,000 steps stay within this relative distance of the
 # float64 oracle at every step: rounding only, no drift.
 LONG_RUN_TOLERANCE = 1e-11
 
-ATTRIBUTES: dict[str, dict[str, Any]] = {
-    "adagrad": {"decay_factor": 1e-3, "epsilon": 1e-6, "norm_coefficient": 1e-3},
-    "adam": {
-        "alpha": 0.9,
-        "beta": 0.999,
-        "epsilon": 1e-6,
-        "norm_coefficient": 1e-3,
-        "norm_coefficient_post": 1e-5,
-    },
-    "momentum": {"alpha": 0.9, "beta": 0.1, "norm_coefficient": 1e-3},
-    "nesterov": {"alpha": 0.9, "beta": 0.1, "norm_coefficient": 1e-3},
-}
 RATES = {"adagrad": 0.1, "adam": 0.01, "momentum": 0.05, "nesterov": 0.05}
 
 
@@ -79,22 +68,6 @@ def test_ten_thousand_steps_follow_the_oracle(name: str) -> None:
     assert errors[-1000:].max() <= LONG_RUN_TOLERANCE
 
 
-def _fixed_inputs(name: str) -> tuple[Any, ...]:
-    rng = np.random.default_rng(5)
-    tensors = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2)]
-    states = [
-        np.abs(rng.standard_normal((3, 4))).astype(np.float32) for _ in OPTIMIZERS[name].state_names
-    ]
-    return (np.float32(0.05), 4, *tensors, *states)
-
-
-def _digest(arrays: Any) -> str:
-    h = hashlib.sha256()
-    for a in jax.tree.leaves(arrays):
-        h.update(np.asarray(a).tobytes())
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_same_inputs_same_bits_eager_jit_and_again(name: str) -> None:
     optimizer = OPTIMIZERS[name]
@@ -127,9 +100,9 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from tests.support.optimizers import OPTIMIZERS
-    from tests.optimizers.test_long_runs import ATTRIBUTES, _digest, _fixed_inputs
+    from tests.support.optimizers import ATTRIBUTES, digest, fixed_inputs
     for name in sorted(OPTIMIZERS):
-        print(name, _digest(OPTIMIZERS[name].op(*_fixed_inputs(name), **ATTRIBUTES[name])))
+        print(name, digest(OPTIMIZERS[name].op(*fixed_inputs(name), **ATTRIBUTES[name])))
     """
 )
 

@@ -8,5 +8,6 @@ from onnx import TensorProto
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def _x(*shape: int) -> np.ndarray:
+def seeded_floats(*shape: int) -> np.ndarray:
+    """float32 standard normals of ``shape``, drawn with seed 0 on every call."""
     return np.random.default_rng(0).standard_normal(shape).astype(np.float32)

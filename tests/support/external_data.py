@@ -15,7 +15,7 @@ from onnx_optax import interop  # noqa: E402
 CANARY = b"CANARY-secret-bytes"
 
 
-def _external(tensor: onnx.TensorProto, location: str) -> None:
+def make_external(tensor: onnx.TensorProto, location: str) -> None:
     """Points ``tensor`` at an external file, as a hostile model would."""
     tensor.ClearField("raw_data")
     tensor.ClearField("float_data")
@@ -31,7 +31,8 @@ def canary_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _trained_model() -> onnx.ModelProto:
+def trained_model() -> onnx.ModelProto:
+    """An Adagrad training model of a 3-element weight, from ``interop.to_model``."""
     tx = onnx_optax.adagrad(0.1)
     params = {"w": jnp.ones(3)}
     return interop.to_model(tx, params, tx.init(params))

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,31 +89,12 @@ def assert_as_onnxruntime(
         np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
 
 
-def _random(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+def random_floats(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
+    """float32 standard normals of ``shape`` from ``rng``."""
     return rng.standard_normal(shape).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- 2. memory
-
-
-def _outcome(script: str, timeout: float = 120) -> str:
-    """Runs ``script`` in a fresh interpreter under a 4 GiB data limit (as the audit).
-
-    A hang, an abort or a huge allocation (before the fixes) must not take pytest down.
-    """
-    root = Path(__file__).parents[2]
-    limit = "import resource; resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))\n"
-    done = subprocess.run(
-        [sys.executable, "-c", limit + textwrap.dedent(script)],
-        cwd=root,
-        env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def folded_model(
@@ -142,7 +119,7 @@ def folded_model(
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-_FOLDED = """
+FOLDED = """
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     import numpy as np

@@ -8,10 +8,12 @@ the same table.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import zlib
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 import optax
 
@@ -196,3 +198,36 @@ def assert_close_to_oracle(
         rtol=tol["rtol"],
         atol=tol["atol"] * max(scale, 1.0),
     )
+
+
+# Fixed ONNX attributes per optimizer, for the determinism tests (test_long_runs).
+ATTRIBUTES: dict[str, dict[str, Any]] = {
+    "adagrad": {"decay_factor": 1e-3, "epsilon": 1e-6, "norm_coefficient": 1e-3},
+    "adam": {
+        "alpha": 0.9,
+        "beta": 0.999,
+        "epsilon": 1e-6,
+        "norm_coefficient": 1e-3,
+        "norm_coefficient_post": 1e-5,
+    },
+    "momentum": {"alpha": 0.9, "beta": 0.1, "norm_coefficient": 1e-3},
+    "nesterov": {"alpha": 0.9, "beta": 0.1, "norm_coefficient": 1e-3},
+}
+
+
+def fixed_inputs(name: str) -> tuple[Any, ...]:
+    """The op's arguments for optimizer ``name`` (R, T, X, G, states), drawn with seed 5."""
+    rng = np.random.default_rng(5)
+    tensors = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2)]
+    states = [
+        np.abs(rng.standard_normal((3, 4))).astype(np.float32) for _ in OPTIMIZERS[name].state_names
+    ]
+    return (np.float32(0.05), 4, *tensors, *states)
+
+
+def digest(arrays: Any) -> str:
+    """The SHA-256 of the bytes of every leaf of ``arrays``, in tree order."""
+    h = hashlib.sha256()
+    for a in jax.tree.leaves(arrays):
+        h.update(np.asarray(a).tobytes())
+    return h.hexdigest()

@@ -35,7 +35,7 @@ def test_a_model_above_2_gib_trains_saves_and_resumes(tmp_path: Path) -> None:
 
 
 def test_copy_model_copies_a_tensor_at_a_time_and_hollows_the_named() -> None:
-    from tests.training.test_master_weights import mlp
+    from tests.support.training_models import half_mlp as mlp
 
     model = mlp()
     model.metadata_props.add(key="k", value="v")

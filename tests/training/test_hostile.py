@@ -18,23 +18,19 @@ import pytest
 
 import onnx_optax
 from onnx_optax import interop
-from tests.support.external_data import (
-    _external,
-    _trained_model,
-    canary_cwd,  # noqa: F401 (fixtures)
-)
+from tests.support.external_data import canary_cwd  # noqa: F401 (fixtures)
+from tests.support.external_data import make_external as _external
+from tests.support.external_data import trained_model as _trained_model
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
 
 from onnx_optax import training  # noqa: E402
-from tests.support.training_models import (  # noqa: E402
-    _adagrad_model,
-    _attached,
-    _gradient,
-    _set_attribute,
-    _set_initializer,
-)
+from tests.support.training_models import adagrad_model as _adagrad_model  # noqa: E402
+from tests.support.training_models import attached_mse as _attached  # noqa: E402
+from tests.support.training_models import gradient_node as _gradient  # noqa: E402
+from tests.support.training_models import set_attribute as _set_attribute  # noqa: E402
+from tests.support.training_models import set_initializer as _set_initializer  # noqa: E402
 
 
 @pytest.mark.usefixtures("canary_cwd")

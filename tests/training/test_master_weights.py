@@ -8,36 +8,13 @@ import numpy as np
 import onnx
 import optax
 import pytest
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 import onnx_optax
 from onnx_optax import training
+from tests.support.training_models import half_mlp as mlp
 
 F16 = np.float16
-
-
-def mlp(seed: int = 0, dtype: type = F16) -> onnx.ModelProto:
-    """x[N, 8] -> MatMul W1[8, 16] + b1 -> Tanh -> MatMul W2[16, 3], all float16 (``dtype``)."""
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    rng = np.random.default_rng(seed)
-    weights = {
-        "W1": rng.normal(size=(8, 16)) / 3,
-        "b1": rng.normal(size=16) / 10,
-        "W2": rng.normal(size=(16, 3)) / 4,
-    }
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W1"], ["h"]),
-            helper.make_node("Add", ["h", "b1"], ["z"]),
-            helper.make_node("Tanh", ["z"], ["a"]),
-            helper.make_node("MatMul", ["a", "W2"], ["y"]),
-        ],
-        "half_mlp",
-        [helper.make_tensor_value_info("x", elem, ["N", 8])],
-        [helper.make_tensor_value_info("y", elem, ["N", 3])],
-        initializer=[numpy_helper.from_array(v.astype(dtype), n) for n, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
 def batches(count: int) -> list[dict[str, np.ndarray]]:

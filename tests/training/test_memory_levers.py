@@ -10,42 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import training
-
-ELEM = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}
-
-
-def deep(
-    dtype: str = "float32", width: int = 32, depth: int = 3, inputs: int = 16
-) -> onnx.ModelProto:
-    """x[N, inputs] -> depth x (Gemm, Tanh) -> Gemm to 3 logits."""
-    rng = np.random.default_rng(0)
-    nodes, values, last, size = [], {}, "x", inputs
-    for i in range(depth):
-        values[f"W{i}"] = (rng.normal(size=(size, width)) / size**0.5).astype(dtype)
-        values[f"b{i}"] = (rng.normal(size=width) / 10).astype(dtype)
-        nodes += [
-            helper.make_node("Gemm", [last, f"W{i}", f"b{i}"], [f"h{i}"]),
-            helper.make_node("Tanh", [f"h{i}"], [f"a{i}"]),
-        ]
-        last, size = f"a{i}", width
-    values["Wout"] = (rng.normal(size=(size, 3)) / size**0.5).astype(dtype)
-    nodes.append(helper.make_node("MatMul", [last, "Wout"], ["logits"]))
-    graph = helper.make_graph(
-        nodes,
-        "deep",
-        [helper.make_tensor_value_info("x", ELEM[dtype], ["N", inputs])],
-        [helper.make_tensor_value_info("logits", ELEM[dtype], ["N", 3])],
-        initializer=[numpy_helper.from_array(v, n) for n, v in values.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def batch(seed: int, n: int, dtype: str = "float32", inputs: int = 16) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "x": rng.normal(size=(n, inputs)).astype(dtype),
-        "target": rng.integers(0, 3, size=n).astype(np.int64),
-    }
+from tests.support.training_models import deep
+from tests.support.training_models import deep_batch as batch
 
 
 def temporaries(session: training.Session, inputs: dict[str, np.ndarray]) -> int:

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
 from onnx_optax import training
-from tests.training.test_master_weights import mlp
+from tests.support.training_models import half_mlp as mlp
 
 F16 = np.float16
 C = 1e-3  # the output's factor: the float16 backward pass multiplies by it

@@ -20,7 +20,8 @@ import pytest
 
 import onnx_optax
 from onnx_optax import training
-from tests.training.test_session import data, trainable
+from tests.support.training_models import session_data as data
+from tests.support.training_models import trainable
 
 PROCESSES = 2
 LOCAL_DEVICES = 4
@@ -40,7 +41,7 @@ CHILD = (
         f"localhost:{port}", num_processes=PROCESSES, process_id=pid, initialization_timeout=60
     )
     from onnx_optax import training
-    from tests.training.test_session import data, trainable
+    from tests.support.training_models import session_data as data, trainable
 
     assert training.__file__.startswith(os.getcwd()), training.__file__  # this checkout's
     assert jax.process_count() == PROCESSES and len(jax.local_devices()) == LOCAL_DEVICES

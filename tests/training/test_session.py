@@ -21,59 +21,13 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx_optax import training  # noqa: E402
 from onnx_optax._src.onnx_nodes import DOMAIN  # noqa: E402
 from onnx_optax.training import _export  # noqa: E402
+from tests.support.builders import assert_same  # noqa: E402
+from tests.support.training_models import session_data as data  # noqa: E402
+from tests.support.training_models import session_mlp as mlp  # noqa: E402
+from tests.support.training_models import trainable, trained  # noqa: E402
 
 F32 = TensorProto.FLOAT
 PARAMS = ("W1", "b1", "W2", "b2")
-
-
-def mlp() -> onnx.ModelProto:
-    """A 16-32-3 MLP; W1 (2 KiB) and its optimizer state are large enough for external data."""
-    rng = np.random.default_rng(0)
-    values = {
-        "W1": (rng.normal(size=(16, 32)) / 4).astype(np.float32),
-        "b1": np.zeros(32, np.float32),
-        "W2": (rng.normal(size=(32, 3)) / 6).astype(np.float32),
-        "b2": np.zeros(3, np.float32),
-    }
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
-            helper.make_node("Relu", ["h"], ["a"]),
-            helper.make_node("Gemm", ["a", "W2", "b2"], ["logits"]),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", F32, ["N", 16])],
-        [helper.make_tensor_value_info("logits", F32, ["N", 3])],
-        initializer=[numpy_helper.from_array(v, n) for n, v in values.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def trainable() -> onnx.ModelProto:
-    return training.attach(mlp(), optimizer=onnx_optax.adam(0.01))
-
-
-def data(seed: int, n: int = 16) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "x": rng.normal(size=(n, 16)).astype(np.float32),
-        "target": rng.integers(0, 3, size=n).astype(np.int64),
-    }
-
-
-def trained(steps: int) -> training.Session:
-    session = training.Session(trainable())
-    for i in range(steps):
-        session.step(data(i))
-    return session
-
-
-def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    """Bit-identical values and dtypes, name by name."""
-    assert list(a) == list(b)
-    for name, value in a.items():
-        np.testing.assert_array_equal(b[name], value, err_msg=name)
-        assert b[name].dtype == value.dtype, name
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -291,7 +245,7 @@ def test_devices_must_be_a_list_of_jax_devices() -> None:
 EIGHT_DEVICES = """
 import jax, numpy as np, onnx_optax
 from onnx_optax import training
-from tests.training.test_session import data, trainable
+from tests.support.training_models import session_data as data, trainable
 
 assert len(jax.devices()) == 8
 with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):

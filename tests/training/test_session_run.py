@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
 
@@ -16,10 +13,9 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import training  # noqa: E402
+from tests.support.builders import assert_same, compilations  # noqa: E402
 
 F32 = TensorProto.FLOAT
-# JAX records this event once per XLA compilation (not for a cached executable).
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def linear(w: np.ndarray | None = None) -> onnx.ModelProto:
@@ -52,36 +48,11 @@ def batch(seed: int, n: int = 6) -> dict[str, np.ndarray]:
     }
 
 
-@contextlib.contextmanager
-def compilations() -> Iterator[list[str]]:
-    """The XLA compilations inside the block, as JAX reports them."""
-    events: list[str] = []
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        del duration, kwargs
-        if event == COMPILE_EVENT:
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 def onnxruntime_outputs(model: onnx.ModelProto, x: np.ndarray) -> dict[str, np.ndarray]:
     ort = pytest.importorskip("onnxruntime")
     inference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in inference.get_outputs()]
     return dict(zip(names, inference.run(None, {"x": x}), strict=True))
-
-
-def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    """Bit-identical values and dtypes, name by name."""
-    assert list(a) == list(b)
-    for name, value in a.items():
-        np.testing.assert_array_equal(b[name], value, err_msg=name)
-        assert b[name].dtype == value.dtype, name
 
 
 # ----------------------------------------------------------------------------- run

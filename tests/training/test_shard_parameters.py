@@ -12,7 +12,7 @@ import pytest
 
 import onnx_optax
 from onnx_optax import training
-from tests.training.test_session import trainable
+from tests.support.training_models import trainable
 
 # Runs in a process of its own: XLA's device count is fixed when JAX starts.
 EIGHT_DEVICES = textwrap.dedent(
@@ -23,7 +23,7 @@ EIGHT_DEVICES = textwrap.dedent(
     from onnx import TensorProto, helper, numpy_helper
     import onnx_optax
     from onnx_optax import training
-    from tests.training.test_session import data, mlp, trainable
+    from tests.support.training_models import session_data as data, session_mlp as mlp, trainable
 
     assert len(jax.devices()) == 8
 

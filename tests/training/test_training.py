@@ -14,6 +14,9 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import interop, training  # noqa: E402
+from tests.support.training_models import data, mlp  # noqa: E402
+from tests.support.training_models import mlp_forward as _forward  # noqa: E402
+from tests.support.training_models import mlp_params as _params  # noqa: E402
 
 F32 = TensorProto.FLOAT
 OPTIMIZERS = {
@@ -22,51 +25,6 @@ OPTIMIZERS = {
     "momentum": lambda: onnx_optax.momentum(0.05, alpha=0.9, beta=1.0, norm_coefficient=0.0),
     "nesterov": lambda: onnx_optax.nesterov(0.05, alpha=0.9, beta=1.0, norm_coefficient=0.0),
 }
-
-
-def _params() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "W1": (rng.normal(size=(4, 8)) / 2).astype(np.float32),
-        "b1": np.zeros(8, np.float32),
-        "W2": (rng.normal(size=(8, 3)) / 3).astype(np.float32),
-        "b2": np.zeros(3, np.float32),
-    }
-
-
-def mlp(softmax: bool = False) -> onnx.ModelProto:
-    """A 4-8-3 MLP: logits (or probabilities) of x."""
-    nodes = [
-        helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
-        helper.make_node("Relu", ["h"], ["a"]),
-        helper.make_node("Gemm", ["a", "W2", "b2"], ["logits"]),
-    ]
-    out = "logits"
-    if softmax:
-        nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))
-        out = "probs"
-    inits = [numpy_helper.from_array(v, n) for n, v in _params().items()]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", F32, ["N", 4])],
-        [helper.make_tensor_value_info(out, F32, ["N", 3])],
-        initializer=inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def data(n: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "x": rng.normal(size=(n, 4)).astype(np.float32),
-        "target": rng.integers(0, 3, size=n).astype(np.int64),
-    }
-
-
-def _forward(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    h = jax.nn.relu(x @ p["W1"] + p["b1"][None, :])
-    return h @ p["W2"] + p["b2"][None, :]
 
 
 def _by_hand(loss: str, tx: optax.GradientTransformation, steps: int) -> list[float]:
