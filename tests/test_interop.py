@@ -21,6 +21,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 from onnx_optax import backend, interop  # noqa: E402
 from onnx_optax._src.graph import GraphFunction  # noqa: E402
 from onnx_optax._src.onnx_nodes import make_node, read_node  # noqa: E402
+from onnx_optax.interop._to_onnx import leaf_names  # noqa: E402
 
 NAMES = list(OPTIMIZERS)
 
@@ -232,7 +233,7 @@ def test_exported_training_step_runs_like_the_transformation(name: str) -> None:
     info = model.training_info[0]
     initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     grads = jax.tree.map(jnp.cos, params)
-    names = interop._names(params)[0]
+    names = leaf_names(params)[0]
     feeds = {f"{n}.grad": np.asarray(g) for n, g in zip(names, jax.tree.leaves(grads), strict=True)}
     outputs = GraphFunction(info.algorithm, outer_values=initializers)(feeds)
     values = dict(zip((o.name for o in info.algorithm.output), outputs, strict=True))
@@ -258,7 +259,7 @@ def test_step_model_runs_on_reference_and_backend(name: str, several: bool, dtyp
     params = _params(rng, dtype, several)
     model = interop.step_model(tx, params)
     onnx.checker.check_model(model)
-    _, leaves, _ = interop._names(params)
+    _, leaves, _ = leaf_names(params)
     grads = [np.asarray(rng.standard_normal(np.shape(p)), dtype) for p in leaves]
     states = [
         [random_state_tensor(rng, s, np.shape(p), dtype) for p in leaves]

@@ -40,9 +40,7 @@ except ImportError as _error:
 from onnx_optax._src.graph.load import Limits
 from onnx_optax._src.onnx_nodes import DOMAIN, UnsupportedOperatorError
 from onnx_optax.interop._from_onnx import ImportedModel, from_model, from_node
-from onnx_optax.interop._to_onnx import leaf_names, step_model, to_model, to_node
-
-_names = leaf_names  # the parameters' tensor names, as tests/test_interop.py reads them
+from onnx_optax.interop._to_onnx import step_model, to_model, to_node
 
 __all__ = [
     "DOMAIN",
