@@ -38,7 +38,7 @@ from onnx_optax._src.graph.errors import PROMISED, too_much_work, unsupported_er
 from onnx_optax._src.graph.feeds import declared_types, refuse_strings
 from onnx_optax._src.graph.jit import paused_gc
 from onnx_optax._src.graph.nodes import graph_attributes
-from onnx_optax._src.graph.packing import materialize
+from onnx_optax._src.graph.packing import ChannelsLast, materialize
 from onnx_optax._src.graph.passes import Pass, RunPlan, chosen
 from onnx_optax._src.graph.passes.constants import split_static, static_inputs
 from onnx_optax._src.graph.passes.prune import Dependencies
@@ -342,7 +342,10 @@ class GraphFunction(Runner):
         finally:
             REPLAY.reset(replay)
         names = self.output_names if outputs is None else outputs
-        values = tuple(env[name] for name in names)
+        values = tuple(
+            materialize(env[name]) if isinstance(env[name], ChannelsLast) else env[name]
+            for name in names
+        )
         for name, value in zip(names, values, strict=True):
             if any(map(is_static, tensors(value))):  # computed while tracing: JAX arrays here
                 index = self.edges.producer.get(name)

@@ -14,6 +14,10 @@ into tensors there, on the host: no per-tensor operation is compiled.
 Slicing is what this avoids: XLA compiles a thousand small slices of one buffer
 far more slowly than a thousand arguments, so a Part is sliced out
 (:func:`materialize`) only where some other op reads it.
+
+A value a step stores may likewise stand for an array it is not: a Part, or a
+:class:`ChannelsLast` value (the channels-last pass's), which holds its array's
+axes in another order. :func:`materialize` gives the array itself.
 """
 
 from __future__ import annotations
@@ -41,10 +45,34 @@ class Part:
         return math.prod(self.shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class ChannelsLast:
+    """A value (N, C1, ..., Ck, D1, ...) held channels-last: ``array`` is
+    (N, D1, ..., C1, ..., Ck), its last ``channels`` axes the channels (more than one
+    where a Reshape split them, as a channel shuffle does)."""
+
+    array: Any  # traced inside the compiled graph
+    channels: int = 1
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The array's axes in the order of the value it stands for."""
+        rank, k = self.array.ndim, self.channels
+        return (0, *range(rank - k, rank), *range(1, rank - k))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the value it stands for."""
+        return tuple(self.array.shape[a] for a in self.order)
+
+
 def materialize(value: Any) -> Any:
-    """The array a value stands for: a Part is sliced out of its buffer."""
+    """The array a value stands for: a Part is sliced out of its buffer, a ChannelsLast
+    value transposed back to (N, C, ...)."""
     if isinstance(value, Part):
         return value.buffer[value.start : value.start + value.size].reshape(value.shape)
+    if isinstance(value, ChannelsLast):
+        return value.array.transpose(value.order)
     return value
 
 

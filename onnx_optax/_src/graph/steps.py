@@ -101,6 +101,10 @@ class Step:
 class StandardStep(Step):
     """A node of an op in the registry (ai.onnx, ai.onnx.ml), read at its domain's opset."""
 
+    # Whether a subclass (a pass's) computes the op's own values from the op's own inputs,
+    # only held otherwise: then the constants pass folds it as it folds this class.
+    folds_as_op = False
+
     def __init__(self, graph: Scope, node: Any) -> None:
         super().__init__(graph, node)
         domain = domain_of(node)
@@ -220,6 +224,15 @@ class StandardStep(Step):
 
     def _run(self, env: Env) -> None:
         args = [materialize(env[name]) if name else None for name in self.inputs]
+        for name, value in zip(self.outputs, self._results(env, args), strict=False):
+            if name:
+                env[name] = value
+
+    def _results(
+        self, env: Env, args: list[Any], compute: Callable[[list[Any]], Any] | None = None
+    ) -> tuple[Any, ...]:
+        """The op's outputs on ``args`` (``compute``: a pass's function of them, for the
+        op's own), checked: static inputs known, no narrowing, sizes within bounds."""
         for position in self.op.static:
             if (
                 position < len(args)
@@ -241,6 +254,8 @@ class StandardStep(Step):
             bound = {name: Subgraph(fn, env) for name, fn in self.subgraphs.items()}
             info = dataclasses.replace(self.info, attrs={**self.info.attrs, **bound})
             results = self.op.fn(info, *args)
+        elif compute is not None:
+            results = compute(args)
         else:
             results = self._call(args) if traced else self.op.fn(self.info, *args)
         if not isinstance(results, tuple) or isinstance(results, TensorSeq):
@@ -250,9 +265,7 @@ class StandardStep(Step):
                 check_size(self.info, np.shape(item), item.dtype, f"output '{name}'")
         if not traced and not all(r is None or is_static(r) for r in results):
             self._refuse_narrowing(args)  # the op computed host values in JAX
-        for name, value in zip(self.outputs, results, strict=False):
-            if name:
-                env[name] = value
+        return results
 
     def _refuse_narrowing(self, args: Sequence[Any]) -> None:
         """Checks the host values an op reads as data, which become JAX arrays."""

@@ -123,28 +123,8 @@ def channels_last_conv(
     mean came out -8e28, its softmax NaN; tests/graph/test_xla_cpu.py).
     """
     n = x.ndim - 2
-    spatial = "DHW"[3 - n :]
-    numbers = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
-    w = lax.optimization_barrier(jnp.transpose(w, (*range(2, 2 + n), 1, 0)))
-    x = jnp.transpose(x, (0, *range(2, 2 + n), 1))
-
-    def conv(x: Any, w: Any) -> Any:
-        return lax.conv_general_dilated(
-            x,
-            w,
-            window_strides=geometry.strides,
-            padding=geometry.padding,
-            lhs_dilation=geometry.lhs_dilation,
-            rhs_dilation=geometry.dilations,
-            feature_group_count=geometry.group,
-            dimension_numbers=numbers,
-        )
-
-    if geometry.group == 1 and all(d == 1 for d in geometry.lhs_dilation):
-        y = _with_tap_products_for_w(conv, geometry)(x, w)
-    else:
-        y = conv(x, w)
-    return lax.optimization_barrier(jnp.transpose(y, (0, n + 1, *range(1, n + 1))))
+    y = nhwc_native_conv(jnp.transpose(x, (0, *range(2, 2 + n), 1)), w, geometry)
+    return jnp.transpose(y, (0, n + 1, *range(1, n + 1)))
 
 
 def _with_tap_products_for_w(conv: Any, geometry: Geometry) -> Any:
@@ -320,11 +300,7 @@ def patches_conv(
     group = geometry.group
     if channels_last:
         assert group == 1
-        windows, out = _padded_windows(jnp.moveaxis(x, 1, -1), kernel, geometry, channels_last=True)
-        patches = _stacked(windows, kernel, -1)
-        rows = patches.reshape((-1, per_group * len(windows)))  # (N x positions, C x taps)
-        y = lax.dot_general(rows, w.reshape((m, -1)), (((1,), (1,)), ((), ())))
-        return jnp.moveaxis(y.reshape((n, *out, m)), -1, 1)
+        return jnp.moveaxis(nhwc_patches(jnp.moveaxis(x, 1, -1), w, geometry), -1, 1)
     taps = math.prod(kernel)
     w = w.reshape((group, m // group, per_group * taps))
     if taps == 1:  # X as it lies, (N, group, C/group, positions)
@@ -353,7 +329,8 @@ FUSED_OPERANDS = 8
 
 def _stacked(windows: list[Any], kernel: Sequence[int], axis: int) -> Any:
     """The taps' windows stacked on a new ``axis`` (1: after X's channels, in windows
-    of X laid out (C, N, ...); or -1), in their order."""
+    of X laid out (C, N, ...); -1, or -2: before the channels of windows (N, ..., C)),
+    in their order."""
     if len(windows) == 1:
         return windows[0]
     inner = kernel[-1]
@@ -368,6 +345,9 @@ def _stacked(windows: list[Any], kernel: Sequence[int], axis: int) -> Any:
     if axis == -1:  # (..., C, taps): each row's taps innermost, then the rows before them
         stacked = jnp.stack(rows, axis=-2)
         return stacked.reshape((*stacked.shape[:-2], len(windows)))
+    if axis == -2:  # (..., taps, C): the rows before each row's taps
+        stacked = jnp.stack(rows, axis=-3)
+        return stacked.reshape((*stacked.shape[:-3], len(windows), stacked.shape[-1]))
     stacked = jnp.stack(rows, axis=axis)  # (C, rows, inner, N, ...)
     return stacked.reshape((*stacked.shape[:axis], len(windows), *stacked.shape[axis + 2 :]))
 
@@ -454,13 +434,15 @@ def reads_channels_last(node: Node, x: Any) -> bool:
     return kept == sorted(kept)
 
 
-def convolve(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+def conv_geometry(node: Node, x: Any, w: Any, b: Any = None) -> Geometry:
+    """A Conv node's geometry, checked against X (N, C, ...; anything with a shape and a
+    dtype), W and B as onnxruntime checks them; the output's size within the limit."""
     pads_or_auto_pad(node)
     same_dtype(node, x, w, b)
-    if np.ndim(x) < 3 or np.ndim(w) != np.ndim(x):
+    if len(x.shape) < 3 or np.ndim(w) != len(x.shape):
         raise ValueError(
             f"{node.where}: Conv needs X (N, C, ...) and W of the same rank, got shapes "
-            f"{list(np.shape(x))} and {list(np.shape(w))}"
+            f"{list(x.shape)} and {list(np.shape(w))}"
         )
     kernel = kernel_of(node, w)
     strides, dilations, padding = conv_window(node, x, kernel)
@@ -483,8 +465,146 @@ def convolve(node: Node, x: Any, w: Any, b: Any = None) -> Any:
             )
         out.append((size + lo + hi - span) // s + 1)
     check_size(node, out, x.dtype)
-    geometry = Geometry(strides, padding, [1] * len(kernel), dilations, group)
+    return Geometry(strides, padding, [1] * len(kernel), dilations, group)
+
+
+def convolve(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+    geometry = conv_geometry(node, x, w, b)
     y = grouped_conv(x, w, geometry, reads_channels_last(node, x))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
+
+
+# ------------------------------------------------------------ channels-last convolutions
+#
+# The channels-last pass (graph/passes/channels_last.py) keeps whole regions of a network
+# (N, ..., C): a conv there reads X and writes Y channels-last, with no transpose around
+# it. On CPU a depthwise conv is then a sum of the taps' slices times a weight per
+# channel, each a contiguous row of C; a 1x1 conv one product over C; a small k x k conv
+# one product of the stacked taps; the rest XLA's own conv, channels-last. Elsewhere
+# (GPU) XLA's own conv, channels-last.
+
+
+def lowers_channels_last(x: Any, w: Any, group: int) -> bool:
+    """Whether a conv of X (N, C, ...; shape and dtype) by W has a channels-last lowering:
+    floats, 1 to 3 spatial axes, nothing empty, and one group or one input channel a
+    group (depthwise)."""
+    shape = tuple(x.shape)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or not 3 <= len(shape) <= 5:
+        return False
+    if 0 in shape or 0 in np.shape(w) or np.ndim(w) != len(shape):
+        return False
+    # Grouped convs of several channels a group stay channels-first: batched over the
+    # groups channels-last, XLA:CPU copied X and Y to put the groups first (ShuffleNet's
+    # 1x1 convs of 4 groups: 33 copies, 2.8 of its 9 ms), and a block-diagonal W made
+    # it slower still (14 ms).
+    return group == 1 or w.shape[1] == 1
+
+
+def convolve_channels_last(node: Node, x: Any, w: Any, b: Any = None) -> Any:
+    """A Conv node on X held channels-last (N, ..., C); Y channels-last (N, ..., M).
+
+    The checks are Conv's own, on X's shape (N, C, ...); only for a conv
+    :func:`lowers_channels_last` takes."""
+    n, *spatial, c = x.shape
+    geometry = conv_geometry(node, jax.ShapeDtypeStruct((n, c, *spatial), x.dtype), w, b)
+    y = lax.platform_dependent(
+        x,
+        w,
+        cpu=lambda x, w: _cpu_channels_last(x, w, geometry),
+        default=lambda x, w: nhwc_native_conv(x, w, geometry, tap_products=False),
+    )
+    return y if b is None else y + b
+
+
+def _cpu_channels_last(x: Any, w: Any, geometry: Geometry) -> Any:
+    """The CPU's channels-last lowering (see the section's comment)."""
+    per_group, kernel = w.shape[1], w.shape[2:]
+    if geometry.group > 1:  # one input channel a group (lowers_channels_last)
+        return nhwc_depthwise(x, w, geometry)
+    if math.prod(kernel) == 1:
+        return nhwc_pointwise(x, w, geometry)
+    positions = math.prod(_output_sizes(x.shape[1:-1], kernel, geometry))
+    stacked = x.shape[0] * per_group * math.prod(kernel) * positions
+    if stacked <= PATCHES_ELEMENTS:
+        return nhwc_patches(x, w, geometry)
+    return nhwc_native_conv(x, w, geometry)
+
+
+def nhwc_native_conv(x: Any, w: Any, geometry: Geometry, tap_products: bool = True) -> Any:
+    """XLA's conv of X (N, ..., C) by W (M, C/group, ...), Y (N, ..., M): dimension numbers
+    NHWC, HWIO, NHWC (and their 1-D and 3-D analogues). One group and ``tap_products``
+    (for XLA:CPU): its gradient in W one product a tap (``_with_tap_products_for_w``).
+    The barrier on W's transpose: see ``channels_last_conv``, as the barrier on the
+    result."""
+    n = x.ndim - 2
+    spatial = "DHW"[3 - n :]
+    numbers = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
+    w = lax.optimization_barrier(jnp.transpose(w, (*range(2, 2 + n), 1, 0)))
+
+    def conv(x: Any, w: Any) -> Any:
+        return lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=geometry.strides,
+            padding=geometry.padding,
+            lhs_dilation=geometry.lhs_dilation,
+            rhs_dilation=geometry.dilations,
+            feature_group_count=geometry.group,
+            dimension_numbers=numbers,
+        )
+
+    if tap_products and geometry.group == 1 and all(d == 1 for d in geometry.lhs_dilation):
+        return lax.optimization_barrier(_with_tap_products_for_w(conv, geometry)(x, w))
+    return lax.optimization_barrier(conv(x, w))
+
+
+@_in_float32
+def nhwc_pointwise(x: Any, w: Any, geometry: Geometry) -> Any:
+    """A 1x1 conv of one group on X (N, ..., C) as one product over C: the rows of the
+    (strided, padded) X (positions, C) by W (M, C) transposed."""
+    m = w.shape[0]
+    windows, out = _padded_windows(x, w.shape[2:], geometry, channels_last=True)
+    rows = windows[0].reshape((-1, x.shape[-1]))
+    y = lax.dot_general(rows, w.reshape((m, -1)), (((1,), (1,)), ((), ())))
+    return y.reshape((x.shape[0], *out, m))
+
+
+@_in_float32
+def nhwc_depthwise(x: Any, w: Any, geometry: Geometry) -> Any:
+    """A conv of one input channel a group (depthwise; M = C x multiplier) on X
+    (N, ..., C) as a sum over the taps of the tap's slice times its weights, a row of M
+    broadcast over the positions: one fused loop reading X's rows as they lie. A
+    multiplier above 1 repeats each channel first; the taps' weights are one split of W
+    (its gradient one concatenation)."""
+    m, kernel = w.shape[0], w.shape[2:]
+    if m != x.shape[-1]:
+        x = jnp.repeat(x, m // x.shape[-1], axis=-1)
+    windows, _ = _padded_windows(x, kernel, geometry, channels_last=True)
+    # The taps' rows of M, one after the other in one flat vector: as a (taps, M) matrix
+    # XLA laid the transpose out column-major and its loop over the output read each
+    # tap's weights strided, unvectorized (V3-Small's 5x5 sums over [1, 7, 7, 576]:
+    # 0.5 ms); a flat vector has one layout.
+    flat = w.reshape((m, len(windows))).T.reshape(-1)
+    taps = lax.split(flat, [m] * len(windows))
+    y = None
+    for window, tap in zip(windows, taps, strict=True):
+        term = window * tap
+        y = term if y is None else y + term
+    return y
+
+
+@_in_float32
+def nhwc_patches(x: Any, w: Any, geometry: Geometry) -> Any:
+    """A conv of one group on X (N, ..., C) as one product (im2col): the taps' slices
+    stacked before the channels, P (N x positions, taps x C), by W moved to
+    (M, taps x C). Each tap's slice is then copied a row of C at a time: stacked
+    innermost (C x taps, W as it lies) a 3x3 conv [1, 16, 55, 55] took 0.91 against
+    0.49 ms."""
+    (m, per_group), kernel = w.shape[:2], w.shape[2:]
+    windows, out = _padded_windows(x, kernel, geometry, channels_last=True)
+    rows = _stacked(windows, kernel, -2).reshape((-1, len(windows) * per_group))
+    w = jnp.transpose(w, (0, *range(2, w.ndim), 1)).reshape((m, -1))
+    y = lax.dot_general(rows, w, (((1,), (1,)), ((), ())))
+    return y.reshape((x.shape[0], *out, m))

@@ -11,6 +11,7 @@ from collections.abc import Collection
 
 from onnx_optax._src.graph.passes.base import Pass, PassGraph, RunPlan
 from onnx_optax._src.graph.passes.batched_products import BATCHED_PRODUCTS
+from onnx_optax._src.graph.passes.channels_last import CHANNELS_LAST
 from onnx_optax._src.graph.passes.constants import CONSTANTS
 from onnx_optax._src.graph.passes.gradient_fusion import GRADIENT_FUSION
 from onnx_optax._src.graph.passes.one_hot import ONE_HOT
@@ -18,6 +19,7 @@ from onnx_optax._src.graph.passes.weight_transposes import WEIGHT_TRANSPOSES
 
 PASSES: tuple[Pass, ...] = (
     ONE_HOT,
+    CHANNELS_LAST,
     GRADIENT_FUSION,
     BATCHED_PRODUCTS,
     CONSTANTS,

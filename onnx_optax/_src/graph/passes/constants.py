@@ -89,7 +89,8 @@ def split_constants(graph: PassGraph, plan: RunPlan) -> RunPlan:
     rest: list[Step] = []
     for step in graph.schedule:
         if (
-            type(step) is StandardStep
+            isinstance(step, StandardStep)
+            and (type(step) is StandardStep or step.folds_as_op)
             and not step.subgraphs
             and step.node.op_type not in NOT_FOLDED
             and all(not name or name in known for name in step.inputs)
