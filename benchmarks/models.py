@@ -4,17 +4,19 @@ The models are the real exports the tests pin (``tests/support/real_models.py``:
 PaddleOCR's text-direction classifier, MTCNN's onet and rnet, captcha-whisperer's
 CRNN) and, with ``--zoo``, light zoo models shipped inside the onnx wheel
 (``onnx/backend/test/data/light``: ShuffleNet and ResNet-50; their weights are
-generated, their shapes and ops the zoo's; their batch is fixed at 1). Each real
+generated, their shapes and ops the zoo's; their batch is fixed at 1), and with
+``--mobile`` the mobile networks PyTorch exported (``benchmarks/mobile``:
+MobileNetV2 1.0 at 224 px and 0.5 at 128 px, a MobileNetV3-Small-style network;
+seeded random weights). Each real
 model is fed the tests' deterministic batch, its batch axis resized to ``--batch``.
 
 Forward: ``onnx_optax.backend.prepare(model).run`` (``ours``) and an onnxruntime
 ``InferenceSession`` with ``intra_op_num_threads=2`` (``ort``) on the same
-inputs; ``ours, native conv`` is onnx_optax with every grouped conv left to
-XLA's native lowering (``convolution.native_conv`` while it is traced: the lowering
-before issue 21). Times are medians over rounds after a warm-up, the
-implementations in blocks of 5 calls in a freshly shuffled order each round, each
-block after a pause (onnxruntime's threads stop spinning) and 0.1 s of untimed
-calls (see ``_medians``); ``x ort`` is a time
+inputs; ``ours, channels-first`` is onnx_optax without its channels-last pass
+(``channels_first``: each conv lowered alone, the lowering before issue 35). Times
+are medians over rounds after a warm-up, the implementations in blocks of 5 calls in
+a freshly shuffled order each round, each block after a pause (onnxruntime's threads
+stop spinning) and 0.1 s of untimed calls (see ``_medians``); ``x ort`` is a time
 over onnxruntime's (below 1: faster than onnxruntime). ``first`` is
 prepare (session creation) plus the first run: for onnx_optax, the compile.
 
@@ -63,8 +65,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_optax
+from benchmarks.mobile import nets as mobile
 from onnx_optax import backend, training
-from onnx_optax._src.ops import convolution
+from onnx_optax._src.graph import passes
 from onnx_optax._src.write import write_file
 from onnx_optax.training._losses import softmax_logits
 from tests.support.real_models import MODELS, RealModel, attach_for_fine_tune, load
@@ -74,14 +77,15 @@ ORT_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "or
 
 
 @contextlib.contextmanager
-def native_convs() -> Iterator[None]:
-    """Every grouped conv traced meanwhile is XLA's native one (the lowering before issue 21)."""
-    saved = convolution.grouped_conv
-    convolution.grouped_conv = lambda x, w, geometry, *_: convolution.native_conv(x, w, geometry)
+def channels_first() -> Iterator[None]:
+    """Every graph prepared meanwhile runs without the channels-last pass (each conv
+    lowered alone, channels-first around it: the lowering before issue 35)."""
+    saved = passes.PASSES
+    passes.PASSES = tuple(p for p in saved if p.name != "channels_last")
     try:
         yield
     finally:
-        convolution.grouped_conv = saved
+        passes.PASSES = saved
 
 
 def _resized(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
@@ -170,7 +174,7 @@ def forward(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rounds: int) -
     session = _session(model)
     want = session.run(None, feeds)
     first["ort"] = time.perf_counter() - start
-    for name, context in (("ours", contextlib.nullcontext), ("native", native_convs)):
+    for name, context in (("ours", contextlib.nullcontext), ("native", channels_first)):
         with context():
             start = time.perf_counter()
             reps[name] = backend.prepare(model)
@@ -190,7 +194,7 @@ def forward(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rounds: int) -
 
 
 def train(real: RealModel, feeds: dict[str, np.ndarray], rounds: int) -> dict[str, float]:
-    """Medians of one Adam step (seconds), with and without the grouped-conv rewrite."""
+    """Medians of one Adam step (seconds), with and without the channels-last pass."""
     tune = real.fine_tune
     attached = attach_for_fine_tune(real)
     target = attached.training_info[0].algorithm.input[0].name
@@ -200,7 +204,7 @@ def train(real: RealModel, feeds: dict[str, np.ndarray], rounds: int) -> dict[st
     feeds = {**feeds, target: np.random.default_rng(1).integers(0, tune.classes, shape)}
     sessions: dict[str, Any] = {}
     first: dict[str, float] = {}
-    for name, context in (("ours", contextlib.nullcontext), ("native", native_convs)):
+    for name, context in (("ours", contextlib.nullcontext), ("native", channels_first)):
         with context():
             sessions[name] = training.Session(attached)
             _, first[name] = _timed(lambda name=name: sessions[name].step(feeds))
@@ -471,6 +475,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--zoo", action="store_true", help="the light zoo models too")
     parser.add_argument("--train", action="store_true", help="time a training step too")
+    parser.add_argument(
+        "--mobile", action="store_true", help="the mobile networks of benchmarks/mobile too"
+    )
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument(
         "--ort-training",
@@ -479,6 +486,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     names = [m.name for m in MODELS] + (list(ZOO) if args.zoo else [])
+    names += list(mobile.NETS) if args.mobile else []
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
     if args.ort_training:
@@ -489,14 +497,17 @@ def main() -> None:
         f"onnxruntime {ort.__version__} (2 threads), ms (median of "
         f"{args.rounds}), first call in s\n"
     )
-    columns = ["model", "batch", "ort", "ours", "x ort", "ours, native conv", "x ort"]
-    print("| " + " | ".join([*columns, "first: ort", "ours", "native"]) + " |")
+    columns = ["model", "batch", "ort", "ours", "x ort", "ours, channels-first", "x ort"]
+    print("| " + " | ".join([*columns, "first: ort", "ours", "channels-first"]) + " |")
     print("|---|" + "--:|" * (len(columns) + 2))
     steps = []
     for name in names:
         real = next((m for m in MODELS if m.name == name), None)
         if real is not None:
             model, feeds = load(real), _resized(real.make_feeds(), args.batch)
+        elif name in mobile.NETS:
+            model = mobile.load(name)
+            feeds = mobile.image(model, args.batch)
         else:
             model, feeds = _zoo(name)
         t = forward(model, feeds, args.rounds)
@@ -509,7 +520,10 @@ def main() -> None:
             steps.append((name, train(real, feeds, args.rounds)))
     if steps:
         print("\nTraining step (Adam), ms (median), first step in s\n")
-        print("| model | ours | ours, native conv | native / ours | first step | native |")
+        print(
+            "| model | ours | ours, channels-first | channels-first / ours | first step "
+            "| channels-first |"
+        )
         print("|---|--:|--:|--:|--:|--:|")
         for name, t in steps:
             print(
