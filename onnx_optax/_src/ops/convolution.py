@@ -9,16 +9,19 @@ matrix product of the stacked taps (:func:`patches_conv`), the rest channels-las
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import linear_call
 
 from onnx_optax._src.ops.arrays import check_size, same_dtype
 from onnx_optax._src.ops.registry import Node
@@ -66,6 +69,35 @@ class Geometry(NamedTuple):
 # native conv.
 SHIFTED_CHANNELS = 8
 SHIFTED_TERMS = 128
+
+
+# Every lowering here computes the same values; which one runs is a matter of speed. The
+# graphs compile for JAX's default backend (``graph.jit.jit_graph``), so on a CPU-only
+# JAX the CPU's lowering is the one traced: ``lax.platform_dependent`` traced and
+# differentiated every branch, 6.2 of the 11 s that tracing PaddleOCR's classifier's
+# training step took. Elsewhere, or inside ``every_platform()`` (lowering for another
+# platform than the default, as an export for a GPU made on a CPU), both branches.
+_EVERY_PLATFORM: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "every_platform", default=False
+)
+
+
+@contextlib.contextmanager
+def every_platform() -> Iterator[None]:
+    """Convolutions traced meanwhile hold each platform's lowering (see ``by_platform``)."""
+    token = _EVERY_PLATFORM.set(True)
+    try:
+        yield
+    finally:
+        _EVERY_PLATFORM.reset(token)
+
+
+def by_platform(*args: Any, cpu: Callable[..., Any], default: Callable[..., Any]) -> Any:
+    """``cpu(*args)`` where the graphs compile for the CPU (JAX's default backend), else
+    ``lax.platform_dependent`` of both lowerings."""
+    if jax.default_backend() == "cpu" and not _EVERY_PLATFORM.get():
+        return cpu(*args)
+    return lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
 def native_conv(
@@ -383,7 +415,7 @@ def grouped_conv(
         if taps == 1 or (stacked <= PATCHES_ELEMENTS and undilated):
             cpu = functools.partial(patches_conv, channels_last=x_channels_last)
         elif x.ndim - 2 <= 3:
-            return lax.platform_dependent(
+            return by_platform(
                 x,
                 w,
                 cpu=lambda x, w: native_conv(x, w, geometry, channels_last=True),
@@ -397,7 +429,7 @@ def grouped_conv(
         cpu = patches_conv
     else:
         return native_conv(x, w, geometry)
-    return lax.platform_dependent(
+    return by_platform(
         x,
         w,
         cpu=lambda x, w: cpu(x, w, geometry),
@@ -509,7 +541,7 @@ def convolve_channels_last(node: Node, x: Any, w: Any, b: Any = None) -> Any:
     :func:`lowers_channels_last` takes."""
     n, *spatial, c = x.shape
     geometry = conv_geometry(node, jax.ShapeDtypeStruct((n, c, *spatial), x.dtype), w, b)
-    y = lax.platform_dependent(
+    y = by_platform(
         x,
         w,
         cpu=lambda x, w: _cpu_channels_last(x, w, geometry),
@@ -576,23 +608,91 @@ def nhwc_depthwise(x: Any, w: Any, geometry: Geometry) -> Any:
     """A conv of one input channel a group (depthwise; M = C x multiplier) on X
     (N, ..., C) as a sum over the taps of the tap's slice times its weights, a row of M
     broadcast over the positions: one fused loop reading X's rows as they lie. A
-    multiplier above 1 repeats each channel first; the taps' weights are one split of W
-    (its gradient one concatenation)."""
-    m, kernel = w.shape[0], w.shape[2:]
+    multiplier above 1 repeats each channel first. Its gradient: see
+    ``_depthwise_gradient``."""
+    m = w.shape[0]
     if m != x.shape[-1]:
         x = jnp.repeat(x, m // x.shape[-1], axis=-1)
-    windows, _ = _padded_windows(x, kernel, geometry, channels_last=True)
-    # The taps' rows of M, one after the other in one flat vector: as a (taps, M) matrix
+    return _depthwise(x, w, geometry)
+
+
+def _tap_sum(x: Any, w: Any, geometry: Geometry) -> Any:
+    """sum over the taps of X's slice (N, ..., C) times the tap's row of W (C, 1, ...)."""
+    c = w.shape[0]
+    windows, _ = _padded_windows(x, w.shape[2:], geometry, channels_last=True)
+    # The taps' rows of C, one after the other in one flat vector: as a (taps, C) matrix
     # XLA laid the transpose out column-major and its loop over the output read each
     # tap's weights strided, unvectorized (V3-Small's 5x5 sums over [1, 7, 7, 576]:
     # 0.5 ms); a flat vector has one layout.
-    flat = w.reshape((m, len(windows))).T.reshape(-1)
-    taps = lax.split(flat, [m] * len(windows))
+    taps = lax.split(w.reshape((c, len(windows))).T.reshape(-1), [c] * len(windows))
     y = None
     for window, tap in zip(windows, taps, strict=True):
-        term = window * tap
+        term = window * tap.reshape((1,) * (x.ndim - 1) + (c,))
         y = term if y is None else y + term
     return y
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _depthwise(x: Any, w: Any, geometry: Geometry) -> Any:
+    return _tap_sum(x, w, geometry)
+
+
+@_depthwise.defjvp
+def _depthwise_tangent(geometry: Geometry, primals: Any, tangents: Any) -> tuple[Any, Any]:
+    """The tangent of ``_tap_sum``, linear in dX and in dW, each with its own transpose
+    (``linear_call``): JAX's transpose of the slices was a pad a tap, and of the
+    products a sum a tap (450 of the 1,305 kernels of PaddleOCR's classifier's training
+    step). Forward mode computes the tangent as it is."""
+    (x, w), (dx, dw) = primals, tangents
+    x_cotangent = functools.partial(_x_cotangent, geometry, x.shape[1:-1])
+    w_cotangent = functools.partial(_w_cotangent, geometry, w.shape[2:])
+    in_x = linear_call(functools.partial(_x_tangent, geometry), x_cotangent, w, dx)
+    in_w = linear_call(functools.partial(_w_tangent, geometry), w_cotangent, x, dw)
+    return _tap_sum(x, w, geometry), in_x + in_w
+
+
+def _x_tangent(geometry: Geometry, w: Any, dx: Any) -> Any:
+    return _tap_sum(dx, w, geometry)
+
+
+def _w_tangent(geometry: Geometry, x: Any, dw: Any) -> Any:
+    return _tap_sum(x, dw, geometry)
+
+
+def _x_cotangent(geometry: Geometry, sizes: Sequence[int], w: Any, dy: Any) -> Any:
+    """dX of ``_tap_sum`` for dY: itself a depthwise sum, of dY dilated by the strides and
+    padded by the kernel's span, by W flipped, then cropped back to X (a negative pad of
+    the forward's becomes zeros)."""
+    kernel, n = w.shape[2:], len(w.shape[2:])
+    spans = window_spans(kernel, geometry.dilations)
+    strides, padding = geometry.strides, geometry.padding
+    dilated = [(p - 1) * s + 1 for p, s in zip(dy.shape[1:-1], strides, strict=True)]
+    padded = [size + lo + hi for size, (lo, hi) in zip(sizes, padding, strict=True)]
+    back = Geometry(
+        [1] * n,
+        [(span - 1, p - d) for span, p, d in zip(spans, padded, dilated, strict=True)],
+        strides,
+        geometry.dilations,
+        geometry.group,
+    )
+    dx = _tap_sum(dy, jnp.flip(w, tuple(range(2, 2 + n))), back)
+    crop = [(0, 0, 0), *((-lo, -hi, 0) for lo, hi in padding), (0, 0, 0)]
+    return lax.pad(dx, np.zeros((), dx.dtype), crop)
+
+
+def _w_cotangent(geometry: Geometry, kernel: Sequence[int], x: Any, dy: Any) -> Any:
+    """dW of ``_tap_sum`` for dY: per tap, the sum over the positions of the tap's slice
+    of X times dY, all taps in one reduction (``lax.reduce`` of as many operands: one
+    kernel; stacked, XLA wrote each tap's products out first)."""
+    windows, _ = _padded_windows(x, kernel, geometry, channels_last=True)
+    products = tuple(window * dy for window in windows)
+    zeros = tuple(np.zeros((), dy.dtype) for _ in products)
+    sums = lax.reduce(products, zeros, _added, tuple(range(dy.ndim - 1)))  # taps x (C,)
+    return jnp.stack(sums, axis=1).reshape((x.shape[-1], 1, *kernel))
+
+
+def _added(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(u + v for u, v in zip(a, b, strict=True))
 
 
 @_in_float32
