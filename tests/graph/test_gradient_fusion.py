@@ -21,6 +21,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
 from onnx_optax._src.graph.remat import rematerialized  # noqa: E402
+from onnx_optax._src.ops import convolution  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 F32 = TensorProto.FLOAT
@@ -151,15 +152,17 @@ def test_a_conv_step_has_the_convolutions_of_value_and_grad() -> None:
     }
 
     # Counted in the lowering for a GPU, whose Conv is XLA's (on the CPU a small conv is a
-    # matrix product); the traced function holds each backend's lowering
-    # (lax.platform_dependent), the lowering only the one its platform runs.
+    # matrix product); traced within every_platform(), the function holds each
+    # backend's lowering (lax.platform_dependent), the lowering only the one its
+    # platform runs.
     def lowered(fn: Any, *args: Any) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     expected = lowered(jax.value_and_grad(_conv_loss), feeds["K"], feeds["X"])
     assert expected.count("stablehlo.convolution") == 2  # the forward and dK
     graph = backend.prepare(_conv_model()).graph
-    ours = lowered(lambda f: graph.apply(f, differentiable=False), feeds)
+    with convolution.every_platform():
+        ours = lowered(lambda f: graph.apply(f, differentiable=False), feeds)
     assert ours.count("stablehlo.convolution") == 2
     out = backend.prepare(_conv_model()).run(feeds)
     loss, dk = jax.value_and_grad(_conv_loss)(feeds["K"], feeds["X"])
