@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from onnx_optax._src.graph import GraphFunction, jit_graph, paused_gc, to_jax
+from onnx_optax._src.graph.jit import part_of_trace
 from onnx_optax._src.graph.load import DEFAULT_LIMITS
 from onnx_optax._src.graph.remat import rematerialized
 from onnx_optax._src.ops import RunChecks, raise_failed
@@ -160,8 +161,8 @@ class Session(Feeds, LearningRate, Inferring, Saving, Placement):
         self._placement(devices, shard_parameters)
         self._load(model)
         self._compile()
-        # The feed signatures traced for a step: whether their ops check at run time.
-        self._checked: dict[Any, bool] = {}
+        # The feed signatures traced for a step: their run-time checks (None: none).
+        self._checked: dict[Any, Any] = {}
         self._classes: dict[Any, dict[str, int]] = {}  # by feed signature
         self._inference: dict[tuple[str, ...], Inference] = {}  # by output names
         self._rate = Rate(self._model)
@@ -211,7 +212,7 @@ class Session(Feeds, LearningRate, Inferring, Saving, Placement):
         # (indices and labels only known then) alone in another, run first.
         step_all, evaluate_all = _weak(self._step_all), _weak(self._evaluate_all)
         self._step = jit_graph(step_all, donate_argnums=0, **step_shard)
-        self._checks = jit_graph(lambda *a: step_all(*a)[2], **shard)
+        self._checks_options = shard  # a signature's checks: part_of_trace(its step)
         self._evaluate = jit_graph(evaluate_all, **shard)
 
     def _checked_seed(self, seed: int | None) -> int | None:
@@ -339,12 +340,18 @@ class Session(Feeds, LearningRate, Inferring, Saving, Placement):
             )
             if key not in self._checked:  # the step's own trace, kept for its call
                 traced = self._step.trace(*arguments)
-                self._checked[key] = any(len(c) for c in traced.out_info[2])
-            if self._checked[key]:
+                has_checks = any(len(c) for c in traced.out_info[2])
+                self._checked[key] = (
+                    part_of_trace(traced, lambda out: out[2], **self._checks_options)
+                    if has_checks
+                    else None
+                )
+            checks = self._checked[key]
+            if checks is not None:
                 # Indices and labels only known now, checked before the step (the state
-                # is donated): a small program of what the checks read; a failure
-                # changes nothing.
-                for entry_checks in self._checks(*arguments):
+                # is donated): a small program of what the checks read, from the step's
+                # trace; a failure changes nothing.
+                for entry_checks in checks(*arguments):
                     raise_failed(entry_checks)
             reported, self._state, _ = self._step(*arguments)
         return {n: np.asarray(v) for n, v in reported.items()}
