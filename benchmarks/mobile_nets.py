@@ -79,7 +79,7 @@ def forward(name: str, batch: int, rounds: int) -> dict[str, float] | None:
 def train(name: str, batch: int, rounds: int) -> dict[str, float]:
     model, feeds = _model(name, batch)
     start = time.perf_counter()
-    attached = training.attach(model, loss="softmax_cross_entropy", optimizer="adam")
+    attached = training.attach(model, optimizer=onnx_optax.adam(1e-3))
     session = training.Session(attached)
     target = attached.training_info[0].algorithm.input[0].name
     labels = np.random.default_rng(1).integers(0, 1000, (batch,))

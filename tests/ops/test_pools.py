@@ -102,3 +102,37 @@ def test_max_pool_runs_one_reduce_window_per_pooled_axis() -> None:
         e.params["window_dimensions"] for e in jaxpr.eqns if "reduce_window" in str(e.primitive)
     ]
     assert windows == [(1, 1, 1, 3), (1, 1, 3, 1)]  # the last axis first
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"kernel_shape": [2, 3], "strides": [2, 1], "ceil_mode": 1},
+        {"kernel_shape": [3, 2], "dilations": [2, 1], "pads": [0, 1, 2, 0]},
+        {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+    ],
+)
+def test_a_channels_last_max_pool_is_max_pools_values_and_gradient(attrs: dict[str, Any]) -> None:
+    """``max_pool_channels_last`` (running maxima of slices) against ``max_pool``
+    (reduce_window) in float64: the same values, the gradient to the same elements (ties
+    included: a ReLU's zeros), a NaN kept."""
+    node = _node(attrs)
+    rng = np.random.default_rng(len(str(attrs)))
+    with jax.enable_x64(True):
+        x = np.maximum(rng.normal(size=(2, 3, 9, 8)), 0.0)  # ties at 0
+        x[0, 1, 4, 4] = np.nan
+        nchw = lambda x: pools.max_pool(node, x)  # noqa: E731
+
+        def nhwc(x: Any) -> Any:
+            return jnp.moveaxis(pools.max_pool_channels_last(node, jnp.moveaxis(x, 1, -1)), -1, 1)
+
+        np.testing.assert_array_equal(nhwc(jnp.asarray(x)), nchw(jnp.asarray(x)))
+        finite = jnp.asarray(np.nan_to_num(x))
+        r = jnp.asarray(rng.normal(size=nchw(finite).shape))
+        ours = jax.grad(lambda x: jnp.sum(nhwc(x) * r))(finite)
+        if "dilations" in attrs:  # JAX has no VJP of a dilated reduce_window max
+            np.testing.assert_allclose(jnp.sum(ours), jnp.sum(r))  # each window's to one
+            return
+        theirs = jax.grad(lambda x: jnp.sum(nchw(x) * r))(finite)
+        np.testing.assert_array_equal(ours, theirs)

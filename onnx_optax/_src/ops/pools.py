@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -130,13 +131,54 @@ def _separable_max(x: Any, low: Any, window: dict[str, Any]) -> Any:
     return x
 
 
-@register("MaxPool")
-def max_pool(node: Node, x: Any) -> Any:
+def _check_storage_order(node: Node) -> None:
     order = int(node.get("storage_order", 0))
     if order not in (0, 1):  # onnxruntime refuses any other
         raise ValueError(
             f"{node.where}: storage_order {order} must be 0 (row major) or 1 (column major)"
         )
+
+
+def max_pool_channels_last(node: Node, x: Any) -> Any:
+    """MaxPool of one output on float X held channels-last (N, ..., C), its output so
+    too; None where :func:`max_pool` has more to do (a window that can miss X, an empty
+    output).
+
+    The windows' maxima one spatial axis at a time, the last first (as
+    ``_separable_max``), each a running maximum over the window's strided slices of X
+    padded with -inf: a select keeping the earlier tap on ties (its gradient goes where
+    ``reduce_window``'s does) and a NaN (as ``lax.max``). Channels-last, a
+    ``reduce_window`` made XLA:CPU read garbage (light_vgg19's logits NaN in 2 runs of 8).
+    """
+    _check_storage_order(node)
+    shape = (x.shape[0], x.shape[-1], *x.shape[1:-1])
+    kernel, strides, dilations, padding, extra, sizes = pool_geometry(
+        node, jax.ShapeDtypeStruct(shape, x.dtype)
+    )
+    check_size(node, [*shape[:2], *sizes], x.dtype)
+    if node.n_outputs != 1 or 0 in sizes or 0 in shape:
+        return None
+    if any(d > size for d, size in zip(dilations, shape[2:], strict=True)):
+        return None
+    low = np.asarray(-np.inf, x.dtype)
+    for axis in reversed(range(len(kernel))):
+        (lo, hi), more = padding[axis], extra[axis][1]
+        config = [(0, 0, 0)] * x.ndim
+        config[1 + axis] = (lo, hi + more, 0)
+        padded = lax.pad(x, low, config)
+        y = None
+        for tap in range(kernel[axis]):
+            start = tap * dilations[axis]
+            end = start + (sizes[axis] - 1) * strides[axis] + 1
+            window = lax.slice_in_dim(padded, start, end, strides[axis], axis=1 + axis)
+            y = window if y is None else jnp.where((y >= window) | jnp.isnan(y), y, window)
+        x = y
+    return x
+
+
+@register("MaxPool")
+def max_pool(node: Node, x: Any) -> Any:
+    _check_storage_order(node)
     kernel, strides, dilations, padding, extra, sizes = pool_geometry(node, x)
     out_shape = [*x.shape[:2], *sizes]
     check_size(node, out_shape, x.dtype)

@@ -14,10 +14,11 @@ transpose, where the region ends, which XLA shares between its readers). A Trans
 from channels-last to channels-first (tf2onnx's, before every Conv) starts a region
 without moving anything.
 
-MaxPool and AveragePool read their input channels-first: computed channels-last (a
-``reduce_window`` over (N, H, W, C)), light_vgg19's logits came out NaN in 2 runs of 8,
-XLA:CPU reading garbage, with a barrier before the pool and with YNNPACK's reduce fusions
-off alike; channels-first, never in 32.
+A MaxPool holds its output channels-last as a running maximum over its windows' slices
+(``pools.max_pool_channels_last``); AveragePool reads its input channels-first. Computed
+channels-last by a ``reduce_window`` over (N, H, W, C), light_vgg19's logits came out NaN
+in 2 runs of 8, XLA:CPU reading garbage, with a barrier before the pool and with
+YNNPACK's reduce fusions off alike; channels-first, never in 32.
 
 The decision is taken per value while the graph is traced, from the values' kinds and
 shapes: nothing is guessed from declared shapes, and a graph with no conv is untouched.
@@ -38,6 +39,7 @@ from onnx_optax._src.graph.passes.base import Pass, PassGraph
 from onnx_optax._src.graph.steps import Env, StandardStep
 from onnx_optax._src.ops import domain_of, is_static
 from onnx_optax._src.ops.convolution import convolve_channels_last, lowers_channels_last
+from onnx_optax._src.ops.pools import max_pool_channels_last
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import is_sequence_or_optional
 
@@ -175,10 +177,22 @@ def _checked(node: Node, op: Any, x: Any, rest: list[Any]) -> None:
     jax.eval_shape(lambda x, *rest: op.fn(node, x, *rest), _as_channels_first(x), *rest)
 
 
+# A conv of X channels-first with fewer channels starts no region: a network's first
+# conv, on an image of 3 channels, took 0.77 ms channels-last against 0.39 channels-first
+# (light_shufflenet's [1, 3, 224, 224] by [24, 3, 3, 3], stride 2: each tap's slice is 3
+# values a position); XLA's own conv channels-last 2.7 ms.
+FEW_CHANNELS = 16
+
+
 class ConvStep(ChannelsLastStep):
     """A Conv with a channels-last lowering (``lowers_channels_last``): its output is
-    held channels-last whatever X is (a channels-first X is transposed once, by XLA,
-    fused with what computes it)."""
+    held channels-last (a channels-first X is transposed once, by XLA, fused with what
+    computes it), but a depthwise conv continues a region and starts none, nor does a
+    conv of fewer than FEW_CHANNELS channels.
+
+    In ShuffleNet each depthwise conv sits between grouped 1x1 convs, which stay
+    channels-first (``lowers_channels_last``): started there, a region was two
+    transposes around each depthwise conv (light_shufflenet 1.9x the time)."""
 
     def _channels_last_args(self, values: list[Any]) -> list[Any] | None:
         if len(values) < 2 or values[0] is None or values[1] is None:
@@ -191,6 +205,8 @@ class ConvStep(ChannelsLastStep):
         group = int(self.info.get("group", 1))
         if _held(w) or not lowers_channels_last(jax.ShapeDtypeStruct(shape, dtype), w, group):
             return None
+        if not _held(x) and (group > 1 or shape[1] < FEW_CHANNELS):
+            return None  # it starts no region
         return [x.array if _held(x) else jnp.moveaxis(x, 1, -1), w, *rest]
 
     own_compute = True
@@ -241,6 +257,26 @@ def batch_norm_channels_last(node: Node, x: Any, scale: Any, bias: Any, mean: An
     """BatchNormalization in inference (its registry formula, channels on the last axis)."""
     inv = jax.lax.rsqrt(var + np.asarray(node["epsilon"], var.dtype))
     return (x - mean.astype(x.dtype)) * (inv * scale).astype(x.dtype) + bias.astype(x.dtype)
+
+
+class MaxPoolStep(ChannelsLastStep):
+    """MaxPool of one output on float X held channels-last (``max_pool_channels_last``;
+    where it has more to do, the op on X channels-first, its output moved back)."""
+
+    own_compute = True
+
+    def _channels_last_args(self, values: list[Any]) -> list[Any] | None:
+        if len(values) != 1 or not _held(values[0]) or len(self.outputs) != 1:
+            return None
+        if not jnp.issubdtype(values[0].array.dtype, jnp.floating):
+            return None
+        return [values[0].array]
+
+    def compute(self, node: Node, args: list[Any]) -> Any:
+        y = max_pool_channels_last(node, args[0])
+        if y is None:
+            y = jnp.moveaxis(self.op.fn(node, jnp.moveaxis(args[0], -1, 1)), 1, -1)
+        return y
 
 
 class ConcatStep(ChannelsLastStep):
@@ -335,6 +371,8 @@ def _step(graph: PassGraph, node: Any) -> StandardStep | None:
         return PerChannelStep(graph, node)
     if kind == "Concat":
         return ConcatStep(graph, node)
+    if kind == "MaxPool":
+        return MaxPoolStep(graph, node)
     if kind == "Reshape":
         return ReshapeStep(graph, node)
     if kind == "Transpose":
