@@ -150,10 +150,12 @@ def test_the_block_equals_onnxruntime_and_its_values_are_held_channels_last() ->
 def test_a_transpose_from_channels_last_starts_a_region_without_moving_anything() -> None:
     """tf2onnx's idiom: the model's input is NHWC, a Transpose before the first Conv."""
     w = numpy_helper.from_array(RNG.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    dw = numpy_helper.from_array(RNG.normal(size=(4, 1, 3, 3)).astype(np.float32), "dw")
     nodes = [
         helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
         helper.make_node("Conv", ["t", "w"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Conv", ["c", "dw"], ["d"], pads=[1, 1, 1, 1], group=4),
+        helper.make_node("Relu", ["d"], ["r"]),
         helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 3, 1]),
     ]
     graph = helper.make_graph(
@@ -161,7 +163,7 @@ def test_a_transpose_from_channels_last_starts_a_region_without_moving_anything(
         "tf",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 6, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=[w],
+        initializer=[w, dw],
     )
     feeds = {"x": RNG.normal(size=(2, 6, 6, 3)).astype(np.float32)}
     on, off = _both(graph)
@@ -222,3 +224,25 @@ def test_a_bad_conv_in_a_region_names_its_node() -> None:
     with pytest.raises(ValueError, match=r"'second'.*X of shape \[1, 4, 5, 5\]"):
         on, _ = _both(graph)
         on({"x": np.ones((1, 3, 5, 5), np.float32)})
+
+
+def test_a_network_without_depthwise_convs_keeps_every_value_channels_first() -> None:
+    """Regions pay where depthwise convs are (``has_depthwise_conv``); elsewhere the pass
+    changes nothing (light_resnet50 took 1.39x the time with them)."""
+    w = numpy_helper.from_array(RNG.normal(size=(C, C, 3, 3)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[w],
+    )
+    on, _ = _both(graph)
+    env = {**on.static, **{k: jnp.asarray(v) for k, v in on.params.items()}}
+    env["x"] = jnp.ones((1, C, 5, 5), jnp.float32)
+    on.evaluate(env)
+    assert not any(isinstance(value, ChannelsLast) for value in env.values())

@@ -118,6 +118,7 @@ class GraphFunction(Runner):
         outer = {name: np.asarray(v) for name, v in (outer_values or {}).items()}
         initializers = {init.name: init for init in graph.initializer}
         self._stored_types = {name: init.data_type for name, init in initializers.items()}
+        self.initializer_shapes = {name: tuple(init.dims) for name, init in initializers.items()}
         self.input_names = tuple(
             i.name for i in graph.input if i.name not in outer and i.name not in initializers
         )

@@ -569,7 +569,18 @@ def nhwc_native_conv(x: Any, w: Any, geometry: Geometry, tap_products: bool = Tr
     NHWC, HWIO, NHWC (and their 1-D and 3-D analogues). One group and ``tap_products``
     (for XLA:CPU): its gradient in W one product a tap (``_with_tap_products_for_w``).
     The barrier on W's transpose: see ``channels_last_conv``, as the barrier on the
-    result."""
+    result. The axes ``_flat_axes`` names are dropped first, as ``native_conv`` drops
+    them (magika's training step at batch 8 took 179 against 129 ms with them)."""
+    flat = _flat_axes(jax.ShapeDtypeStruct((1, 1, *x.shape[1:-1]), x.dtype), w, geometry.padding)
+    if flat:
+        kept = [d for d in range(x.ndim - 2) if d not in flat]
+        squeezed = nhwc_native_conv(
+            jnp.squeeze(x, [1 + d for d in flat]),
+            jnp.squeeze(w, [2 + d for d in flat]),
+            geometry.on_axes(kept),
+            tap_products,
+        )
+        return jnp.expand_dims(squeezed, [1 + d for d in flat])
     n = x.ndim - 2
     spatial = "DHW"[3 - n :]
     numbers = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")

@@ -39,6 +39,7 @@ class PassGraph(Scope, Protocol):
     schedule: list[Step]
     static: dict[str, Any]
     params: dict[str, Any]
+    initializer_shapes: dict[str, tuple[int, ...]]  # as declared, known when lowering
     edges: Dependencies
 
     def step_reads(self, steps: Sequence[Step]) -> dict[int, tuple[str, ...]]: ...
