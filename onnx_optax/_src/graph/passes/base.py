@@ -40,6 +40,7 @@ class PassGraph(Scope, Protocol):
     static: dict[str, Any]
     params: dict[str, Any]
     initializer_shapes: dict[str, tuple[int, ...]]  # as declared, known when lowering
+    input_types: dict[str, Any]  # the graph inputs' declared tensor types
     edges: Dependencies
 
     def step_reads(self, steps: Sequence[Step]) -> dict[int, tuple[str, ...]]: ...

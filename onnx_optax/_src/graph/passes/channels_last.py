@@ -178,18 +178,20 @@ def _checked(node: Node, op: Any, x: Any, rest: list[Any]) -> None:
     jax.eval_shape(lambda x, *rest: op.fn(node, x, *rest), _as_channels_first(x), *rest)
 
 
-# A conv of X channels-first with fewer channels starts no region: a network's first
-# conv, on an image of 3 channels, took 0.77 ms channels-last against 0.39 channels-first
-# (light_shufflenet's [1, 3, 224, 224] by [24, 3, 3, 3], stride 2: each tap's slice is 3
-# values a position); XLA's own conv channels-last 2.7 ms.
+# A conv of X channels-first with fewer channels is computed channels-first, its output
+# then moved channels-last: a network's first conv, on an image of 3 channels, took 0.77
+# ms channels-last against 0.39 channels-first (light_shufflenet's [1, 3, 224, 224] by
+# [24, 3, 3, 3], stride 2: each tap's slice is 3 values a position); XLA's own conv
+# channels-last 2.7 ms. Left channels-first, MobileNetV2's first depthwise conv (the
+# largest) ran channels-first too, its step at batch 8 1.2-1.4x the time.
 FEW_CHANNELS = 16
 
 
 class ConvStep(ChannelsLastStep):
     """A Conv with a channels-last lowering (``lowers_channels_last``): its output is
     held channels-last (a channels-first X is transposed once, by XLA, fused with what
-    computes it), but a depthwise conv continues a region and starts none, nor does a
-    conv of fewer than FEW_CHANNELS channels.
+    computes it), but a depthwise conv continues a region and starts none, and a conv
+    of fewer than FEW_CHANNELS channels is computed channels-first.
 
     In ShuffleNet each depthwise conv sits between grouped 1x1 convs, which stay
     channels-first (``lowers_channels_last``): started there, a region was two
@@ -206,13 +208,19 @@ class ConvStep(ChannelsLastStep):
         group = int(self.info.get("group", 1))
         if _held(w) or not lowers_channels_last(jax.ShapeDtypeStruct(shape, dtype), w, group):
             return None
-        if not _held(x) and (group > 1 or shape[1] < FEW_CHANNELS):
-            return None  # it starts no region
+        if not _held(x) and group > 1:
+            return None  # a depthwise conv starts no region
+        self.channels_first = not _held(x) and shape[1] < FEW_CHANNELS
+        if self.channels_first:
+            return [x, w, *rest]
         return [x.array if _held(x) else jnp.moveaxis(x, 1, -1), w, *rest]
 
     own_compute = True
+    channels_first = False  # this trace's: X of few channels, channels-first
 
     def compute(self, node: Node, args: list[Any]) -> Any:
+        if self.channels_first:  # the op's own lowering, its output moved
+            return jnp.moveaxis(self.op.fn(node, *args), 1, -1)
         return convolve_channels_last(node, *args)
 
 
@@ -392,9 +400,13 @@ def has_depthwise_conv(graph: PassGraph) -> bool:
 
 
 def _declared_shape(graph: PassGraph, name: str) -> tuple[int, ...] | None:
-    """An initializer's shape, or a Constant node's (PaddlePaddle writes its weights so)."""
+    """An initializer's shape, a graph input's as declared (a Session's trained weights)
+    or a Constant node's (PaddlePaddle writes its weights so)."""
     if name in graph.initializer_shapes:
         return graph.initializer_shapes[name]
+    if name in graph.input_types:
+        dims = graph.input_types[name].shape.dim
+        return tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
     constant = graph.edges.made_by(name, "Constant")
     value = (
         None
