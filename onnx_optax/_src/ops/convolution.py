@@ -113,16 +113,11 @@ def native_conv(
     # to code that read garbage (NaN, 0 or -3.9e34 instead of the mean; light_squeezenet's
     # last GlobalAveragePool came out 0 or inf). For a weight that is an argument it
     # changes nothing.
-    flat = _flat_axes(x, w, geometry.padding)
-    if flat:
-        kept = [d for d in range(len(geometry.strides)) if d not in flat]
-        squeezed = native_conv(
-            jnp.squeeze(x, [2 + d for d in flat]),
-            jnp.squeeze(w, [2 + d for d in flat]),
-            geometry.on_axes(kept),
-            channels_last,
-        )
-        return jnp.expand_dims(squeezed, [2 + d for d in flat])
+    squeezed = _without_flat_axes(
+        lambda x, w, g: native_conv(x, w, g, channels_last), x, w, geometry, first=2
+    )
+    if squeezed is not None:
+        return squeezed
     if channels_last:
         return channels_last_conv(x, w, geometry)
     return lax.conv_general_dilated(
@@ -195,6 +190,24 @@ def _with_tap_products_for_w(conv: Any, geometry: Geometry) -> Any:
         return conv(x, w), conv(dx, w) + taps_times(x, dw).astype(x.dtype)
 
     return tapped
+
+
+def _without_flat_axes(
+    conv: Callable[[Any, Any, Geometry], Any], x: Any, w: Any, geometry: Geometry, first: int
+) -> Any:
+    """``conv`` of X (its spatial axes from ``first`` on) and W with the axes
+    ``_flat_axes`` names dropped, put back in Y; None where there are none."""
+    spatial = x.shape[first : first + w.ndim - 2]
+    flat = _flat_axes(jax.ShapeDtypeStruct((1, 1, *spatial), x.dtype), w, geometry.padding)
+    if not flat:
+        return None
+    kept = [d for d in range(len(spatial)) if d not in flat]
+    y = conv(
+        jnp.squeeze(x, [first + d for d in flat]),
+        jnp.squeeze(w, [2 + d for d in flat]),
+        geometry.on_axes(kept),
+    )
+    return jnp.expand_dims(y, [first + d for d in flat])
 
 
 def _flat_axes(x: Any, w: Any, padding: Sequence[tuple[int, int]]) -> list[int]:
@@ -571,16 +584,11 @@ def nhwc_native_conv(x: Any, w: Any, geometry: Geometry, tap_products: bool = Tr
     The barrier on W's transpose: see ``channels_last_conv``, as the barrier on the
     result. The axes ``_flat_axes`` names are dropped first, as ``native_conv`` drops
     them (magika's training step at batch 8 took 179 against 129 ms with them)."""
-    flat = _flat_axes(jax.ShapeDtypeStruct((1, 1, *x.shape[1:-1]), x.dtype), w, geometry.padding)
-    if flat:
-        kept = [d for d in range(x.ndim - 2) if d not in flat]
-        squeezed = nhwc_native_conv(
-            jnp.squeeze(x, [1 + d for d in flat]),
-            jnp.squeeze(w, [2 + d for d in flat]),
-            geometry.on_axes(kept),
-            tap_products,
-        )
-        return jnp.expand_dims(squeezed, [1 + d for d in flat])
+    squeezed = _without_flat_axes(
+        lambda x, w, g: nhwc_native_conv(x, w, g, tap_products), x, w, geometry, first=1
+    )
+    if squeezed is not None:
+        return squeezed
     n = x.ndim - 2
     spatial = "DHW"[3 - n :]
     numbers = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
