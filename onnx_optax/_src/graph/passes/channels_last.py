@@ -5,7 +5,7 @@ An exporter writes a CNN channels-first (N, C, H, W). XLA:CPU's fast convolution
 products read channels innermost, so each conv lowered alone transposes its input in
 and its output back: on MobileNetV2 most of the forward. This pass keeps such values
 channels-last from one conv to the next. A Conv it lowers (see
-:func:`~onnx_optax._src.ops.convolution.lowers_channels_last`) stores its output as a
+:func:`~onnx_optax._src.ops.nhwc_convolution.lowers_channels_last`) stores its output as a
 :class:`~onnx_optax._src.graph.packing.ChannelsLast` value; the ops after it that run
 the same on channels-last values (elementwise ops and activations, BatchNormalization,
 global pools, Concat, a residual Add, a squeeze-and-excitation gate's Mul) read it as
@@ -39,7 +39,7 @@ from onnx_optax._src.graph.packing import ChannelsLast, materialize
 from onnx_optax._src.graph.passes.base import Pass, PassGraph
 from onnx_optax._src.graph.steps import Env, StandardStep
 from onnx_optax._src.ops import domain_of, is_static
-from onnx_optax._src.ops.convolution import convolve_channels_last, lowers_channels_last
+from onnx_optax._src.ops.nhwc_convolution import convolve_channels_last, lowers_channels_last
 from onnx_optax._src.ops.pools import max_pool_channels_last
 from onnx_optax._src.ops.registry import Node
 from onnx_optax._src.ops.values import is_sequence_or_optional
