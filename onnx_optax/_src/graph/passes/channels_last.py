@@ -173,9 +173,12 @@ def _as_channels_first(array: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((n, c, *spatial), array.dtype)
 
 
-def _checked(node: Node, op: Any, x: Any, rest: list[Any]) -> None:
-    """The op's own checks, on X's channels-first shape (traced abstractly)."""
-    jax.eval_shape(lambda x, *rest: op.fn(node, x, *rest), _as_channels_first(x), *rest)
+def _checked(node: Node, op: Any, args: list[Any]) -> None:
+    """The op's own checks (traced abstractly), on the channels-first shapes of its
+    inputs held channels-last (those of the first's rank; channel vectors as they are)."""
+    rank = np.ndim(args[0])
+    given = [_as_channels_first(a) if np.ndim(a) == rank else a for a in args]
+    jax.eval_shape(lambda *xs: op.fn(node, *xs), *given)
 
 
 # A conv of X channels-first with fewer channels is computed channels-first, its output
@@ -239,8 +242,8 @@ class PerChannelStep(ChannelsLastStep):
     own_compute = True
 
     def compute(self, node: Node, args: list[Any]) -> Any:
+        _checked(node, self.op, args)
         x, *rest = args
-        _checked(node, self.op, x, rest)
         if self.node.op_type.startswith("Global"):
             return global_pool(x, self.node.op_type == "GlobalMaxPool")
         return batch_norm_channels_last(node, x, *rest)
@@ -301,9 +304,8 @@ class ConcatStep(ChannelsLastStep):
     own_compute = True
 
     def compute(self, node: Node, args: list[Any]) -> Any:
+        _checked(node, self.op, args)
         rank = args[0].ndim
-        structs = [_as_channels_first(a) for a in args]
-        jax.eval_shape(lambda *xs: self.op.fn(node, *xs), *structs)
         axis = int(node["axis"]) % rank
         return jnp.concatenate(args, axis=0 if axis == 0 else rank - 1 if axis == 1 else axis - 1)
 
@@ -322,9 +324,10 @@ class TransposeStep(StandardStep):
         rank = np.ndim(array)
         perm = tuple(self.info.get("perm") or ())
         if rank >= 3 and not is_static(array) and not is_sequence_or_optional(array):
-            held = isinstance(value, ChannelsLast)
-            found = _transposed(value, perm) if isinstance(value, ChannelsLast) else None
-            if not held and perm == (0, rank - 1, *range(1, rank - 1)):
+            found = None
+            if isinstance(value, ChannelsLast):
+                found = _transposed(value, perm)
+            elif perm == (0, rank - 1, *range(1, rank - 1)):
                 found = ChannelsLast(array)
             if found is not None:
                 env[self.outputs[0]] = found
@@ -380,7 +383,7 @@ def has_depthwise_conv(graph: PassGraph) -> bool:
 
     The pass holds values channels-last in such graphs alone. There the depthwise sums
     read rows of C and the regions pay (PaddleOCR's classifier at batch 8: 0.76x the
-    time, its training step 0.65x; MobileNetV2 0.85-0.90x); in a network of k x k convs
+    time, its training step 0.60x; MobileNetV2 0.85-0.90x); in a network of k x k convs
     alone the transposes where regions begin and the weights moved for the stacked
     products cost more than they saved (light_resnet50: 1.39x the time: a [1, 64, 56,
     56] X transposed in 5.4 ms, a [512, 512, 3, 3] weight in 6.2 ms)."""
