@@ -174,7 +174,7 @@ def forward(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rounds: int) -
     session = _session(model)
     want = session.run(None, feeds)
     first["ort"] = time.perf_counter() - start
-    for name, context in (("ours", contextlib.nullcontext), ("native", channels_first)):
+    for name, context in (("ours", contextlib.nullcontext), ("channels-first", channels_first)):
         with context():
             start = time.perf_counter()
             reps[name] = backend.prepare(model)
@@ -186,7 +186,7 @@ def forward(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rounds: int) -
         {
             "ort": lambda: session.run(None, feeds),
             "ours": lambda: reps["ours"].run(feeds),
-            "native": lambda: reps["native"].run(feeds),
+            "channels-first": lambda: reps["channels-first"].run(feeds),
         },
         rounds,
     )
@@ -204,7 +204,7 @@ def train(real: RealModel, feeds: dict[str, np.ndarray], rounds: int) -> dict[st
     feeds = {**feeds, target: np.random.default_rng(1).integers(0, tune.classes, shape)}
     sessions: dict[str, Any] = {}
     first: dict[str, float] = {}
-    for name, context in (("ours", contextlib.nullcontext), ("native", channels_first)):
+    for name, context in (("ours", contextlib.nullcontext), ("channels-first", channels_first)):
         with context():
             sessions[name] = training.Session(attached)
             _, first[name] = _timed(lambda name=name: sessions[name].step(feeds))
@@ -513,8 +513,8 @@ def main() -> None:
         t = forward(model, feeds, args.rounds)
         row = [name, str(next(iter(feeds.values())).shape[0])]
         row += [f"{t[k] * 1e3:.2f}" for k in ("ort", "ours")] + [f"{t['ours'] / t['ort']:.2f}"]
-        row += [f"{t['native'] * 1e3:.2f}", f"{t['native'] / t['ort']:.2f}"]
-        row += [f"{t[f'first {k}']:.2f}" for k in ("ort", "ours", "native")]
+        row += [f"{t['channels-first'] * 1e3:.2f}", f"{t['channels-first'] / t['ort']:.2f}"]
+        row += [f"{t[f'first {k}']:.2f}" for k in ("ort", "ours", "channels-first")]
         print("| " + " | ".join(row) + " |", flush=True)
         if args.train and real is not None:
             steps.append((name, train(real, feeds, args.rounds)))
@@ -527,9 +527,9 @@ def main() -> None:
         print("|---|--:|--:|--:|--:|--:|")
         for name, t in steps:
             print(
-                f"| {name} | {t['ours'] * 1e3:.2f} | {t['native'] * 1e3:.2f} | "
-                f"{t['native'] / t['ours']:.2f} | {t['first ours']:.2f} | "
-                f"{t['first native']:.2f} |",
+                f"| {name} | {t['ours'] * 1e3:.2f} | {t['channels-first'] * 1e3:.2f} | "
+                f"{t['channels-first'] / t['ours']:.2f} | {t['first ours']:.2f} | "
+                f"{t['first channels-first']:.2f} |",
                 flush=True,
             )
 
