@@ -14,10 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +23,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from onnx_optax import backend  # noqa: E402
+from tests.support.builders import capped_child  # noqa: E402
 from tests.support.builders import onnxruntime_outputs as _onnxruntime  # noqa: E402
 from tests.support.builders import value_info as _vi  # noqa: E402
 from tests.support.op_models import F32, F64, I64  # noqa: E402
@@ -220,8 +217,7 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, int], str]]:
 
 
 _CHILD = """
-import json, resource, sys, time
-resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))
+import json, sys, time
 from onnx_optax import backend
 from tests.graph.test_limits_hostile import {builder}
 
@@ -239,16 +235,7 @@ for name, (model, limits, _) in {builder}().items():
 
 def _in_a_capped_child(builder: str, timeout: float) -> dict[str, dict[str, Any]]:
     """Runs every model ``builder()`` returns in one child process under a 4 GiB data limit."""
-    root = Path(__file__).parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD.format(builder=builder))],
-        cwd=root,
-        env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    done = capped_child(_CHILD.format(builder=builder), timeout)
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith("{"):

@@ -50,14 +50,15 @@ def value_info(
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def run_capped(script: str, timeout: float = 120) -> str:
-    """Runs ``script`` in a fresh interpreter under a 4 GiB data limit; its stdout, exit 0 asserted.
+def capped_child(script: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs ``script`` in a fresh interpreter (the repository's root its folder and path,
+    JAX on the CPU) under a 4 GiB data limit; its exit is the caller's to judge.
 
     A hang, an abort or a huge allocation (before the fixes) must not take pytest down.
     """
     root = Path(__file__).parents[2]
     limit = "import resource; resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))\n"
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", limit + textwrap.dedent(script)],
         cwd=root,
         env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
@@ -66,6 +67,11 @@ def run_capped(script: str, timeout: float = 120) -> str:
         timeout=timeout,
         check=False,
     )
+
+
+def run_capped(script: str, timeout: float = 120) -> str:
+    """``capped_child``'s stdout, its exit 0 asserted."""
+    done = capped_child(script, timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

@@ -37,8 +37,11 @@ def mlp_params() -> dict[str, np.ndarray]:
     }
 
 
-def mlp(softmax: bool = False) -> onnx.ModelProto:
-    """A 4-8-3 MLP: logits (or probabilities) of x."""
+def two_layer_mlp(
+    values: dict[str, np.ndarray], name: str = "mlp", softmax: bool = False
+) -> onnx.ModelProto:
+    """x (N, W1's rows) -> Gemm W1, b1 -> Relu -> Gemm W2, b2 -> logits (N, W2's columns),
+    or their softmax ``probs``, at opset 18, the ``values`` its initializers."""
     nodes = [
         helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
         helper.make_node("Relu", ["h"], ["a"]),
@@ -48,15 +51,19 @@ def mlp(softmax: bool = False) -> onnx.ModelProto:
     if softmax:
         nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))
         out = "probs"
-    inits = [numpy_helper.from_array(v, n) for n, v in mlp_params().items()]
     graph = helper.make_graph(
         nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", F32, ["N", 4])],
-        [helper.make_tensor_value_info(out, F32, ["N", 3])],
-        initializer=inits,
+        name,
+        [helper.make_tensor_value_info("x", F32, ["N", values["W1"].shape[0]])],
+        [helper.make_tensor_value_info(out, F32, ["N", values["W2"].shape[1]])],
+        initializer=[numpy_helper.from_array(v, n) for n, v in values.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def mlp(softmax: bool = False) -> onnx.ModelProto:
+    """A 4-8-3 MLP: logits (or probabilities) of x."""
+    return two_layer_mlp(mlp_params(), softmax=softmax)
 
 
 def data(n: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
@@ -86,18 +93,7 @@ def session_mlp() -> onnx.ModelProto:
         "W2": (rng.normal(size=(32, 3)) / 6).astype(np.float32),
         "b2": np.zeros(3, np.float32),
     }
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
-            helper.make_node("Relu", ["h"], ["a"]),
-            helper.make_node("Gemm", ["a", "W2", "b2"], ["logits"]),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", F32, ["N", 16])],
-        [helper.make_tensor_value_info("logits", F32, ["N", 3])],
-        initializer=[numpy_helper.from_array(v, n) for n, v in values.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return two_layer_mlp(values)
 
 
 def trainable() -> onnx.ModelProto:

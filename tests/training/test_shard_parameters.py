@@ -20,10 +20,11 @@ EIGHT_DEVICES = textwrap.dedent(
     import sys, tempfile
     import jax, numpy as np, onnx
     from jax.sharding import PartitionSpec as P
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
     import onnx_optax
     from onnx_optax import training
     from tests.support.training_models import session_data as data, session_mlp as mlp, trainable
+    from tests.support.training_models import two_layer_mlp
 
     assert len(jax.devices()) == 8
 
@@ -37,19 +38,7 @@ EIGHT_DEVICES = textwrap.dedent(
             "W2": (rng.normal(size=(hidden, 3)) / hidden**0.5).astype(np.float32),
             "b2": np.zeros(3, np.float32),
         }
-        f32 = TensorProto.FLOAT
-        graph = helper.make_graph(
-            [
-                helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
-                helper.make_node("Relu", ["h"], ["a"]),
-                helper.make_node("Gemm", ["a", "W2", "b2"], ["logits"]),
-            ],
-            "wide",
-            [helper.make_tensor_value_info("x", f32, ["N", 64])],
-            [helper.make_tensor_value_info("logits", f32, ["N", 3])],
-            initializer=[numpy_helper.from_array(v, n) for n, v in values.items()],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        model = two_layer_mlp(values, "wide")
         return training.attach(model, optimizer=onnx_optax.adam(0.01))
 
 
